@@ -1,0 +1,109 @@
+//! The file format: serde structs that mirror `gateway.yaml` one to one.
+//!
+//! Nothing here is trusted or defaulted; [`super::validate`] turns these into runtime types.
+//! Every struct denies unknown keys, so a misspelled `limt:` is an error, not a silently
+//! missing limit.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Server {
+    pub listen: Option<String>,
+    pub admin_listen: Option<String>,
+    /// Worker threads of the proxy; defaults to the number of CPUs.
+    pub threads: Option<usize>,
+    /// How long in-flight requests get to finish on shutdown.
+    pub grace_period: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Store {
+    pub backend: Option<String>,
+    pub url: Option<String>,
+    pub timeout: Option<String>,
+    pub key_prefix: Option<String>,
+    pub on_error: Option<String>,
+    /// Memory store: the most keys it keeps before evicting those closest to expiry.
+    pub max_keys: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Identity {
+    pub api_key_header: Option<String>,
+    pub trusted_proxies: Option<Vec<String>>,
+    pub jwt: Option<Jwt>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Jwt {
+    pub header: Option<String>,
+    pub hs256_secret_env: String,
+    pub user_claim: Option<String>,
+    pub tier_claim: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limit {
+    pub name: String,
+    pub key: Option<Vec<String>>,
+    pub algorithm: Option<String>,
+    pub limit: u64,
+    pub window: String,
+    pub burst: Option<u64>,
+    pub anonymous_only: Option<bool>,
+    pub shadow: Option<bool>,
+    pub on_error: Option<String>,
+    /// Top-level limits only: the routes the limit applies to (all when absent).
+    pub routes: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    pub name: String,
+    #[serde(rename = "match")]
+    pub matcher: Match,
+    pub upstream: String,
+    pub cost: Option<u64>,
+    pub limits: Option<Vec<serde_yaml::Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Match {
+    pub methods: Option<Vec<String>>,
+    pub path_prefix: Option<String>,
+    pub host: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Headers {
+    pub ietf: Option<bool>,
+    pub legacy: Option<bool>,
+}
+
+/// The top-level keys, in the order they are read and reported.
+pub const SECTIONS: &[&str] = &[
+    "server",
+    "store",
+    "identity",
+    "tiers",
+    "api_keys",
+    "default_tier",
+    "upstreams",
+    "routes",
+    "limits",
+    "headers",
+];
+
+pub type Tiers = BTreeMap<String, Vec<serde_yaml::Value>>;
+pub type ApiKeys = BTreeMap<String, String>;
+pub type Upstreams = BTreeMap<String, Vec<String>>;

@@ -1,0 +1,839 @@
+//! One pass from YAML text to a validated [`Config`], collecting every error with the file
+//! name and the field path in front (`gateway.yaml: routes[0].limits[0].window: "1x" is not a
+//! duration`).
+//!
+//! Each top-level section, and each element of `routes`, `limits` and every tier, is
+//! deserialized on its own so that one structural mistake does not hide the others.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::{HeaderValue, Method};
+use ipnet::IpNet;
+use serde::de::DeserializeOwned;
+use serde_yaml::Value;
+
+use super::{
+    defaults, raw, Backend, Config, ConfigErrors, HeaderSettings, IdentitySettings, JwtSettings,
+    KeyPart, Limit, LimitId, OnError, Route, ServerSettings, StoreSettings, Tier, TierId, Upstream,
+};
+use crate::limit::{Algorithm, Quota, MAX_SCALED};
+
+/// The most parts a counter key may have.
+pub const MAX_KEY_PARTS: usize = 8;
+
+/// Command-line settings that take precedence over the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub admin_listen: Option<String>,
+    /// `--upstream`: the servers of the upstream named `default`.
+    pub upstream: Vec<String>,
+    pub redis_url: Option<String>,
+}
+
+struct Errors {
+    file: String,
+    list: Vec<String>,
+}
+
+impl Errors {
+    fn at(&mut self, path: &str, msg: impl std::fmt::Display) {
+        if path.is_empty() {
+            self.list.push(format!("{}: {msg}", self.file));
+        } else {
+            self.list.push(format!("{}: {path}: {msg}", self.file));
+        }
+    }
+
+    /// Deserialize `value` as `T`, reporting a structural error at `path` (plus the path
+    /// inside `value` where serde stopped).
+    fn parse<T: DeserializeOwned>(&mut self, path: &str, value: Value) -> Option<T> {
+        match serde_path_to_error::deserialize::<_, T>(value) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                let inner = e.path().to_string();
+                let full = join_path(path, if inner == "." { "" } else { &inner });
+                let msg = e.into_inner().to_string();
+                self.at(&full, clean_serde_message(&msg));
+                None
+            }
+        }
+    }
+}
+
+fn join_path(outer: &str, inner: &str) -> String {
+    match (outer.is_empty(), inner.is_empty()) {
+        (_, true) => outer.to_string(),
+        (true, false) => inner.to_string(),
+        (false, false) if inner.starts_with('[') => format!("{outer}{inner}"),
+        (false, false) => format!("{outer}.{inner}"),
+    }
+}
+
+/// serde_yaml appends " at line L column C" to some messages; the path already says where.
+fn clean_serde_message(msg: &str) -> String {
+    match msg.find(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg.to_string(),
+    }
+}
+
+/// Validate a whole configuration. `file` labels every error.
+pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config, ConfigErrors> {
+    let mut errs = Errors {
+        file: file.to_string(),
+        list: Vec::new(),
+    };
+    let root: Value = match serde_yaml::from_str(text) {
+        Ok(Value::Null) => Value::Mapping(Default::default()),
+        Ok(v) => v,
+        Err(e) => {
+            let loc = e
+                .location()
+                .map(|l| format!("line {} column {}: ", l.line(), l.column()))
+                .unwrap_or_default();
+            errs.at(
+                "",
+                format!("{loc}invalid YAML: {}", clean_serde_message(&e.to_string())),
+            );
+            return Err(ConfigErrors(errs.list));
+        }
+    };
+    let Value::Mapping(map) = root else {
+        errs.at("", "the top level must be a mapping of sections");
+        return Err(ConfigErrors(errs.list));
+    };
+    let mut sections: HashMap<String, Value> = HashMap::new();
+    for (k, v) in map {
+        let Some(name) = k.as_str() else {
+            errs.at("", format!("section names must be strings, found {k:?}"));
+            continue;
+        };
+        if !raw::SECTIONS.contains(&name) {
+            errs.at(
+                name,
+                format!(
+                    "unknown section, expected one of {}",
+                    raw::SECTIONS.join(", ")
+                ),
+            );
+            continue;
+        }
+        sections.insert(name.to_string(), v);
+    }
+    let mut take = |name: &str| sections.remove(name).filter(|v| !v.is_null());
+    let server_raw: raw::Server = take("server")
+        .and_then(|v| errs.parse("server", v))
+        .unwrap_or_default();
+    let store_raw: raw::Store = take("store")
+        .and_then(|v| errs.parse("store", v))
+        .unwrap_or_default();
+    let identity_raw: raw::Identity = take("identity")
+        .and_then(|v| errs.parse("identity", v))
+        .unwrap_or_default();
+    let tiers_raw: raw::Tiers = take("tiers")
+        .and_then(|v| errs.parse("tiers", v))
+        .unwrap_or_default();
+    let api_keys_raw: raw::ApiKeys = take("api_keys")
+        .and_then(|v| errs.parse("api_keys", v))
+        .unwrap_or_default();
+    let default_tier_raw: Option<String> =
+        take("default_tier").and_then(|v| errs.parse("default_tier", v));
+    let upstreams_value = take("upstreams");
+    let routes_value = take("routes");
+    let limits_raw: Vec<Value> = take("limits")
+        .and_then(|v| errs.parse("limits", v))
+        .unwrap_or_default();
+    let headers_raw: raw::Headers = take("headers")
+        .and_then(|v| errs.parse("headers", v))
+        .unwrap_or_default();
+
+    let mut upstreams_raw: raw::Upstreams = match upstreams_value {
+        Some(v) => errs.parse("upstreams", v).unwrap_or_default(),
+        None if !overrides.upstream.is_empty() => BTreeMap::new(),
+        None => {
+            errs.at(
+                "upstreams",
+                "missing: define at least one upstream (or pass --upstream)",
+            );
+            BTreeMap::new()
+        }
+    };
+    if !overrides.upstream.is_empty() {
+        upstreams_raw.insert("default".to_string(), overrides.upstream.clone());
+    }
+    let routes_raw: Vec<Value> = match routes_value {
+        Some(v) => errs.parse("routes", v).unwrap_or_default(),
+        None if !overrides.upstream.is_empty() => {
+            // A catch-all route to the `--upstream` servers.
+            vec![serde_yaml::from_str(
+                "{ name: default, match: { path_prefix: / }, upstream: default }",
+            )
+            .expect("built-in route")]
+        }
+        None => {
+            errs.at("routes", "missing: define at least one route");
+            Vec::new()
+        }
+    };
+
+    let server = server_settings(&mut errs, server_raw, overrides);
+    let store = store_settings(&mut errs, store_raw, overrides);
+    let identity = identity_settings(&mut errs, identity_raw);
+
+    let mut b = LimitBuilder {
+        limits: Vec::new(),
+        names: HashSet::new(),
+        store_on_error: store.on_error,
+    };
+
+    // Tiers.
+    let mut tiers = Vec::new();
+    let mut tier_ids: HashMap<String, TierId> = HashMap::new();
+    for (name, items) in tiers_raw {
+        let mut ids = Vec::new();
+        for (i, item) in items.into_iter().enumerate() {
+            let path = format!("tiers.{name}[{i}]");
+            if let Some(l) = errs.parse::<raw::Limit>(&path, item) {
+                if l.routes.is_some() {
+                    errs.at(
+                        &format!("{path}.routes"),
+                        "only top-level limits can name routes",
+                    );
+                }
+                if let Some(id) = b.add(&mut errs, &path, l, &[KeyPart::ApiKey]) {
+                    ids.push(id);
+                }
+            }
+        }
+        tier_ids.insert(name.clone(), tiers.len());
+        tiers.push(Tier { name, limits: ids });
+    }
+    let mut api_keys = HashMap::new();
+    for (key, tier) in api_keys_raw {
+        match tier_ids.get(&tier) {
+            Some(&t) => {
+                api_keys.insert(key, t);
+            }
+            None => errs.at(
+                &format!("api_keys.{}", redact_key(&key)),
+                format!("tier {tier:?} is not defined under tiers"),
+            ),
+        }
+    }
+    let default_tier = default_tier_raw.and_then(|t| match tier_ids.get(&t) {
+        Some(&id) => Some(id),
+        None => {
+            errs.at(
+                "default_tier",
+                format!("tier {t:?} is not defined under tiers"),
+            );
+            None
+        }
+    });
+
+    // Upstreams.
+    let mut upstreams = Vec::new();
+    let mut upstream_ids = HashMap::new();
+    for (name, servers) in upstreams_raw {
+        let path = format!("upstreams.{name}");
+        if servers.is_empty() {
+            errs.at(&path, "needs at least one server (host:port)");
+        }
+        let mut addrs = Vec::new();
+        for (i, s) in servers.iter().enumerate() {
+            match resolve(s) {
+                Ok(a) => addrs.push(a),
+                Err(e) => errs.at(&format!("{path}[{i}]"), e),
+            }
+        }
+        upstream_ids.insert(name.clone(), upstreams.len());
+        upstreams.push(Upstream::new(name, addrs));
+    }
+
+    // Routes, first without limits so that top-level limits can name them.
+    let mut routes = Vec::new();
+    let mut route_ids: HashMap<String, usize> = HashMap::new();
+    let mut route_limit_values = Vec::new();
+    for (i, item) in routes_raw.into_iter().enumerate() {
+        let path = format!("routes[{i}]");
+        let Some(r) = errs.parse::<raw::Route>(&path, item) else {
+            continue;
+        };
+        if let Some(route) = route(&mut errs, &path, &r, &upstream_ids) {
+            if route_ids.insert(r.name.clone(), routes.len()).is_some() {
+                errs.at(
+                    &format!("{path}.name"),
+                    format!("duplicate route name {:?}", r.name),
+                );
+            }
+            routes.push(route);
+            route_limit_values.push((path, r.limits.unwrap_or_default()));
+        }
+    }
+    for (ri, (path, items)) in route_limit_values.into_iter().enumerate() {
+        for (i, item) in items.into_iter().enumerate() {
+            let path = format!("{path}.limits[{i}]");
+            if let Some(l) = errs.parse::<raw::Limit>(&path, item) {
+                if l.routes.is_some() {
+                    errs.at(
+                        &format!("{path}.routes"),
+                        "a route's own limit cannot name routes; move it to the top-level limits",
+                    );
+                }
+                if let Some(id) = b.add(&mut errs, &path, l, &[]) {
+                    routes[ri].limits.push(id);
+                }
+            }
+        }
+    }
+    for (i, item) in limits_raw.into_iter().enumerate() {
+        let path = format!("limits[{i}]");
+        let Some(l) = errs.parse::<raw::Limit>(&path, item) else {
+            continue;
+        };
+        let only: Option<Vec<usize>> = l.routes.as_ref().map(|names| {
+            names
+                .iter()
+                .enumerate()
+                .filter_map(|(j, n)| match route_ids.get(n) {
+                    Some(&r) => Some(r),
+                    None => {
+                        errs.at(
+                            &format!("{path}.routes[{j}]"),
+                            format!("route {n:?} is not defined under routes"),
+                        );
+                        None
+                    }
+                })
+                .collect()
+        });
+        if let Some(id) = b.add(&mut errs, &path, l, &[]) {
+            for (r, route) in routes.iter_mut().enumerate() {
+                if only.as_ref().is_none_or(|o| o.contains(&r)) {
+                    route.limits.push(id);
+                }
+            }
+        }
+    }
+
+    if !errs.list.is_empty() {
+        return Err(ConfigErrors(errs.list));
+    }
+    // Match order: longest prefix first, host-specific first, then file order (stable sort).
+    routes.sort_by(|a, b| {
+        b.path_prefix
+            .len()
+            .cmp(&a.path_prefix.len())
+            .then(b.host.is_some().cmp(&a.host.is_some()))
+    });
+    Ok(Config {
+        source: file.to_string(),
+        server,
+        store,
+        identity,
+        limits: b.limits,
+        tiers,
+        api_keys,
+        default_tier,
+        upstreams,
+        routes,
+        headers: HeaderSettings {
+            ietf: headers_raw.ietf.unwrap_or(true),
+            legacy: headers_raw.legacy.unwrap_or(true),
+        },
+    })
+}
+
+/// API keys are secrets: an error message shows only their first characters.
+fn redact_key(key: &str) -> String {
+    let shown: String = key.chars().take(4).collect();
+    if shown.len() < key.len() {
+        format!("{shown}…")
+    } else {
+        shown
+    }
+}
+
+fn resolve(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    match s.to_socket_addrs() {
+        Ok(mut it) => it
+            .next()
+            .ok_or_else(|| format!("{s:?} resolves to no address")),
+        Err(e) => Err(format!("{s:?} is not a host:port address ({e})")),
+    }
+}
+
+/// `500ms`, `30s`, `1m`, `1h`, `1d` (and compounds such as `1m30s`).
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let d = humantime::parse_duration(s).ok()?;
+    Some(d)
+}
+
+fn duration(errs: &mut Errors, path: &str, s: &str) -> Option<Duration> {
+    match parse_duration(s) {
+        Some(d) => Some(d),
+        None => {
+            errs.at(
+                path,
+                format!("{s:?} is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)"),
+            );
+            None
+        }
+    }
+}
+
+fn on_error(errs: &mut Errors, path: &str, s: &str) -> Option<OnError> {
+    match s {
+        "allow" => Some(OnError::Allow),
+        "deny" => Some(OnError::Deny),
+        "local" => Some(OnError::Local),
+        _ => {
+            errs.at(
+                path,
+                format!("{s:?} is not a failure policy (allow, deny, local)"),
+            );
+            None
+        }
+    }
+}
+
+fn socket_addr(errs: &mut Errors, path: &str, s: &str) -> SocketAddr {
+    s.parse().unwrap_or_else(|_| {
+        errs.at(path, format!("{s:?} is not an address (ip:port)"));
+        SocketAddr::from(([0, 0, 0, 0], 0))
+    })
+}
+
+fn server_settings(errs: &mut Errors, r: raw::Server, o: &Overrides) -> ServerSettings {
+    let (listen, listen_path) = match &o.listen {
+        Some(l) => (l.clone(), "--listen"),
+        None => (
+            r.listen.unwrap_or_else(|| defaults::LISTEN.to_string()),
+            "server.listen",
+        ),
+    };
+    let (admin, admin_path) = match &o.admin_listen {
+        Some(l) => (l.clone(), "--admin-listen"),
+        None => (
+            r.admin_listen
+                .unwrap_or_else(|| defaults::ADMIN_LISTEN.to_string()),
+            "server.admin_listen",
+        ),
+    };
+    let threads = match r.threads {
+        Some(0) => {
+            errs.at("server.threads", "must be at least 1");
+            1
+        }
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let grace_period = r
+        .grace_period
+        .and_then(|g| duration(errs, "server.grace_period", &g))
+        .unwrap_or(Duration::from_secs(defaults::GRACE_PERIOD_S));
+    ServerSettings {
+        listen: socket_addr(errs, listen_path, &listen),
+        admin_listen: socket_addr(errs, admin_path, &admin),
+        threads,
+        grace_period,
+    }
+}
+
+fn store_settings(errs: &mut Errors, r: raw::Store, o: &Overrides) -> StoreSettings {
+    let mut backend = match r.backend.as_deref().unwrap_or("memory") {
+        "memory" => Backend::Memory,
+        "redis" => Backend::Redis,
+        "redis_cluster" => Backend::RedisCluster,
+        "redis_sentinel" => Backend::RedisSentinel,
+        other => {
+            errs.at(
+                "store.backend",
+                format!(
+                    "{other:?} is not a backend (memory, redis, redis_cluster, redis_sentinel)"
+                ),
+            );
+            Backend::Memory
+        }
+    };
+    let mut url = r.url;
+    if let Some(u) = &o.redis_url {
+        url = Some(u.clone());
+        if backend == Backend::Memory {
+            backend = Backend::Redis;
+        }
+    }
+    if backend != Backend::Memory {
+        errs.at(
+            "store.backend",
+            format!(
+                "{:?} is not available in this version of tollgate yet; use memory",
+                r.backend.as_deref().unwrap_or("redis")
+            ),
+        );
+    }
+    let timeout = r
+        .timeout
+        .and_then(|t| duration(errs, "store.timeout", &t))
+        .unwrap_or(Duration::from_millis(defaults::STORE_TIMEOUT_MS));
+    if timeout.is_zero() {
+        errs.at("store.timeout", "must be greater than zero");
+    }
+    let key_prefix = r
+        .key_prefix
+        .unwrap_or_else(|| defaults::KEY_PREFIX.to_string());
+    if key_prefix.is_empty() || !key_prefix.chars().all(is_name_char) {
+        errs.at(
+            "store.key_prefix",
+            format!("{key_prefix:?} must be non-empty and use only letters, digits, '_', '-', '.'"),
+        );
+    }
+    let on_error = r
+        .on_error
+        .and_then(|s| on_error(errs, "store.on_error", &s))
+        .unwrap_or(OnError::Allow);
+    let max_keys = match r.max_keys {
+        Some(0) => {
+            errs.at("store.max_keys", "must be at least 1");
+            defaults::MAX_KEYS
+        }
+        Some(n) => n,
+        None => defaults::MAX_KEYS,
+    };
+    StoreSettings {
+        backend,
+        url,
+        timeout,
+        key_prefix,
+        on_error,
+        max_keys,
+    }
+}
+
+fn header_name(errs: &mut Errors, path: &str, s: &str) -> Option<HeaderName> {
+    match HeaderName::from_bytes(s.as_bytes()) {
+        Ok(h) => Some(h),
+        Err(_) => {
+            errs.at(path, format!("{s:?} is not a valid header name"));
+            None
+        }
+    }
+}
+
+fn identity_settings(errs: &mut Errors, r: raw::Identity) -> IdentitySettings {
+    let api_key_header = r
+        .api_key_header
+        .and_then(|h| header_name(errs, "identity.api_key_header", &h))
+        .unwrap_or(HeaderName::from_static(defaults::API_KEY_HEADER));
+    let mut trusted_proxies = Vec::new();
+    for (i, p) in r.trusted_proxies.unwrap_or_default().iter().enumerate() {
+        let net = p
+            .parse::<IpNet>()
+            .or_else(|_| p.parse::<IpAddr>().map(IpNet::from));
+        match net {
+            Ok(n) => trusted_proxies.push(n),
+            Err(_) => errs.at(
+                &format!("identity.trusted_proxies[{i}]"),
+                format!("{p:?} is not an IP address or CIDR network"),
+            ),
+        }
+    }
+    let jwt = r.jwt.and_then(|j| {
+        let header = j
+            .header
+            .and_then(|h| header_name(errs, "identity.jwt.header", &h))
+            .unwrap_or(HeaderName::from_static(defaults::JWT_HEADER));
+        match std::env::var(&j.hs256_secret_env) {
+            Ok(secret) if !secret.is_empty() => Some(JwtSettings {
+                header,
+                key: jsonwebtoken::DecodingKey::from_secret(secret.as_bytes()),
+                user_claim: j
+                    .user_claim
+                    .unwrap_or_else(|| defaults::JWT_USER_CLAIM.to_string()),
+                tier_claim: j
+                    .tier_claim
+                    .unwrap_or_else(|| defaults::JWT_TIER_CLAIM.to_string()),
+            }),
+            _ => {
+                errs.at(
+                    "identity.jwt.hs256_secret_env",
+                    format!(
+                        "environment variable {} is not set (it must hold the HS256 secret)",
+                        j.hs256_secret_env
+                    ),
+                );
+                None
+            }
+        }
+    });
+    IdentitySettings {
+        api_key_header,
+        trusted_proxies,
+        jwt,
+    }
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')
+}
+
+fn route(
+    errs: &mut Errors,
+    path: &str,
+    r: &raw::Route,
+    upstream_ids: &HashMap<String, usize>,
+) -> Option<Route> {
+    let before = errs.list.len();
+    if r.name.is_empty() || !r.name.chars().all(is_name_char) {
+        errs.at(
+            &format!("{path}.name"),
+            format!(
+                "{:?} must be non-empty and use only letters, digits, '_', '-', '.'",
+                r.name
+            ),
+        );
+    }
+    let upstream = upstream_ids.get(&r.upstream).copied();
+    if upstream.is_none() {
+        errs.at(
+            &format!("{path}.upstream"),
+            format!("upstream {:?} is not defined under upstreams", r.upstream),
+        );
+    }
+    let methods = r.matcher.methods.as_ref().map(|ms| {
+        ms.iter()
+            .enumerate()
+            .filter_map(|(i, m)| {
+                let upper = m.to_ascii_uppercase();
+                match Method::from_bytes(upper.as_bytes()) {
+                    Ok(m) => Some(m),
+                    Err(_) => {
+                        errs.at(
+                            &format!("{path}.match.methods[{i}]"),
+                            format!("{m:?} is not an HTTP method"),
+                        );
+                        None
+                    }
+                }
+            })
+            .collect::<Vec<_>>()
+    });
+    let path_prefix = r.matcher.path_prefix.clone().unwrap_or_else(|| "/".into());
+    if !path_prefix.starts_with('/') {
+        errs.at(
+            &format!("{path}.match.path_prefix"),
+            format!("{path_prefix:?} must start with '/'"),
+        );
+    }
+    let host = r.matcher.host.as_ref().map(|h| h.to_ascii_lowercase());
+    let cost = r.cost.unwrap_or(1);
+    if cost == 0 {
+        errs.at(&format!("{path}.cost"), "must be at least 1");
+    }
+    if errs.list.len() > before {
+        return None;
+    }
+    Some(Route {
+        name: r.name.as_str().into(),
+        methods,
+        path_prefix,
+        host,
+        upstream: upstream?,
+        cost,
+        limits: Vec::new(),
+    })
+}
+
+struct LimitBuilder {
+    limits: Vec<Limit>,
+    names: HashSet<String>,
+    store_on_error: OnError,
+}
+
+impl LimitBuilder {
+    fn add(
+        &mut self,
+        errs: &mut Errors,
+        path: &str,
+        l: raw::Limit,
+        default_key: &[KeyPart],
+    ) -> Option<LimitId> {
+        let before = errs.list.len();
+        if l.name.is_empty() || !l.name.chars().all(is_name_char) {
+            errs.at(
+                &format!("{path}.name"),
+                format!(
+                    "{:?} must be non-empty and use only letters, digits, '_', '-', '.'",
+                    l.name
+                ),
+            );
+        } else if !self.names.insert(l.name.clone()) {
+            errs.at(
+                &format!("{path}.name"),
+                format!("duplicate limit name {:?} (limit names are unique across tiers, routes and limits)", l.name),
+            );
+        }
+        let algorithm = match l.algorithm.as_deref() {
+            None => Algorithm::default(),
+            Some(s) => s.parse().unwrap_or_else(|_| {
+                errs.at(
+                    &format!("{path}.algorithm"),
+                    format!(
+                        "{s:?} is not an algorithm ({})",
+                        Algorithm::ALL.map(|a| a.as_str()).join(", ")
+                    ),
+                );
+                Algorithm::default()
+            }),
+        };
+        if l.limit == 0 {
+            errs.at(&format!("{path}.limit"), "must be at least 1");
+        }
+        let window = duration(errs, &format!("{path}.window"), &l.window);
+        let window_ms = window.map_or(1, |w| w.as_millis() as u64);
+        if window.is_some() && window_ms == 0 {
+            errs.at(&format!("{path}.window"), "must be at least 1ms");
+        }
+        let burst = match (l.burst, algorithm) {
+            (None, _) => l.limit,
+            (Some(0), _) => {
+                errs.at(&format!("{path}.burst"), "must be at least 1");
+                1
+            }
+            (Some(b), Algorithm::TokenBucket | Algorithm::Gcra) => b,
+            (Some(_), a) => {
+                errs.at(
+                    &format!("{path}.burst"),
+                    format!("applies only to token_bucket and gcra, not {a}"),
+                );
+                l.limit
+            }
+        };
+        if window_ms > 0
+            && (l.limit.saturating_mul(window_ms) > MAX_SCALED
+                || burst.saturating_mul(window_ms) > MAX_SCALED)
+        {
+            errs.at(
+                &format!("{path}.limit"),
+                format!("limit × window in ms must not exceed 2^53 ({MAX_SCALED})"),
+            );
+        }
+        let key = match l.key {
+            None => default_key.to_vec(),
+            Some(parts) => parts
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| match key_part(p) {
+                    Some(k) => Some(k),
+                    None => {
+                        errs.at(
+                            &format!("{path}.key[{i}]"),
+                            format!(
+                                "{p:?} is not a key part (api_key, user, client_ip, route, method, tier, header:<name>)"
+                            ),
+                        );
+                        None
+                    }
+                })
+                .collect(),
+        };
+        if key.len() > MAX_KEY_PARTS {
+            errs.at(
+                &format!("{path}.key"),
+                format!("at most {MAX_KEY_PARTS} key parts"),
+            );
+        }
+        let on_error = match l.on_error {
+            None => self.store_on_error,
+            Some(s) => on_error(errs, &format!("{path}.on_error"), &s).unwrap_or(OnError::Allow),
+        };
+        if errs.list.len() > before {
+            return None;
+        }
+        let quota = Quota::new(algorithm, l.limit, window_ms).with_burst(burst);
+        let window_s = window_ms.div_ceil(1000);
+        let policy = format!("\"{}\";q={};w={}", l.name, l.limit, window_s);
+        self.limits.push(Limit {
+            name: l.name.into(),
+            key,
+            quota,
+            anonymous_only: l.anonymous_only.unwrap_or(false),
+            shadow: l.shadow.unwrap_or(false),
+            on_error,
+            policy_header: HeaderValue::from_str(&policy).expect("validated name"),
+            window_label: l.window,
+        });
+        Some(self.limits.len() - 1)
+    }
+}
+
+fn key_part(s: &str) -> Option<KeyPart> {
+    Some(match s {
+        "api_key" => KeyPart::ApiKey,
+        "user" => KeyPart::User,
+        "client_ip" => KeyPart::ClientIp,
+        "route" => KeyPart::Route,
+        "method" => KeyPart::Method,
+        "tier" => KeyPart::Tier,
+        _ => {
+            let name = s.strip_prefix("header:")?;
+            KeyPart::Header(HeaderName::from_bytes(name.as_bytes()).ok()?)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(yaml: &str) -> Result<Config, Vec<String>> {
+        from_yaml("gateway.yaml", yaml, &Overrides::default()).map_err(|e| e.0)
+    }
+
+    const MIN: &str = "upstreams: { backend: [\"127.0.0.1:9000\"] }\nroutes: [ { name: default, match: { path_prefix: / }, upstream: backend } ]\n";
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = check(MIN).unwrap();
+        assert_eq!(c.server.listen.to_string(), "0.0.0.0:8080");
+        assert_eq!(c.server.admin_listen.to_string(), "127.0.0.1:9901");
+        assert_eq!(c.store.timeout, Duration::from_millis(25));
+        assert_eq!(c.store.on_error, OnError::Allow);
+        assert!(c.headers.ietf && c.headers.legacy);
+        assert!(c.limits.is_empty());
+    }
+
+    #[test]
+    fn collects_errors_from_every_section() {
+        let yaml = format!(
+            "{MIN}store: {{ timeout: 1x }}\nlimits:\n  - {{ name: a, limit: 0, window: 1m }}\n  - {{ name: b, limt: 5, window: 1m }}\n"
+        );
+        let errs = check(&yaml).unwrap_err();
+        assert_eq!(
+            errs,
+            vec![
+                "gateway.yaml: store.timeout: \"1x\" is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)",
+                "gateway.yaml: limits[0].limit: must be at least 1",
+                "gateway.yaml: limits[1]: unknown field `limt`, expected one of `name`, `key`, `algorithm`, `limit`, `window`, `burst`, `anonymous_only`, `shadow`, `on_error`, `routes`",
+            ]
+        );
+    }
+
+    #[test]
+    fn top_level_limits_attach_to_named_routes_only() {
+        let yaml = "upstreams: { b: [\"127.0.0.1:9000\"] }\nroutes:\n  - { name: login, match: { path_prefix: /login }, upstream: b }\n  - { name: rest, match: { path_prefix: / }, upstream: b }\nlimits:\n  - { name: l, key: [client_ip], limit: 5, window: 1m, routes: [login] }\n  - { name: g, key: [], limit: 5, window: 1s }\n";
+        let c = check(yaml).unwrap();
+        let login = c.routes.iter().find(|r| &*r.name == "login").unwrap();
+        let rest = c.routes.iter().find(|r| &*r.name == "rest").unwrap();
+        assert_eq!(login.limits, vec![0, 1]);
+        assert_eq!(rest.limits, vec![1]);
+        assert_eq!(c.limits[0].policy_header, "\"l\";q=5;w=60");
+    }
+}

@@ -1,0 +1,116 @@
+//! A small upstream for the quick start and the integration tests: it echoes each request as
+//! JSON and counts what it served.
+//!
+//! `GET /__demo/stats` returns `{"requests", "in_flight", "max_in_flight"}` (not counted);
+//! `POST /__demo/reset` zeroes them. Any other request is counted and echoed. The header
+//! `x-demo-delay-ms` holds the response that long; `x-demo-status` picks the status code.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use http::Response;
+use pingora_core::apps::http_app::ServeHttp;
+use pingora_core::protocols::http::ServerSession;
+use serde_json::json;
+
+use crate::admin::json_response;
+
+/// The longest `x-demo-delay-ms` honoured.
+pub const MAX_DELAY_MS: u64 = 60_000;
+
+#[derive(Default)]
+pub struct DemoUpstream {
+    requests: AtomicU64,
+    in_flight: AtomicU64,
+    max_in_flight: AtomicU64,
+}
+
+struct InFlight<'a>(&'a AtomicU64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn header_u64(session: &ServerSession, name: &str) -> Option<u64> {
+    session
+        .req_header()
+        .headers
+        .get(name)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+#[async_trait]
+impl ServeHttp for DemoUpstream {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let req = session.req_header();
+        let (method, path) = (req.method.to_string(), req.uri.path().to_string());
+        match (method.as_str(), path.as_str()) {
+            ("GET", "/__demo/stats") => {
+                return json_response(
+                    200,
+                    json!({
+                        "requests": self.requests.load(Ordering::SeqCst),
+                        "in_flight": self.in_flight.load(Ordering::SeqCst),
+                        "max_in_flight": self.max_in_flight.load(Ordering::SeqCst),
+                    }),
+                )
+            }
+            ("POST", "/__demo/reset") => {
+                self.requests.store(0, Ordering::SeqCst);
+                self.max_in_flight.store(0, Ordering::SeqCst);
+                return json_response(200, json!({ "reset": true }));
+            }
+            _ => {}
+        }
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        let _guard = InFlight(&self.in_flight);
+
+        let req = session.req_header();
+        let mut headers = serde_json::Map::new();
+        for (name, value) in req.headers.iter() {
+            let entry = headers
+                .entry(name.as_str().to_string())
+                .or_insert_with(|| json!([]));
+            if let Some(list) = entry.as_array_mut() {
+                list.push(json!(String::from_utf8_lossy(value.as_bytes())));
+            }
+        }
+        let query = req.uri.query().unwrap_or("").to_string();
+        let delay = header_u64(session, "x-demo-delay-ms")
+            .unwrap_or(0)
+            .min(MAX_DELAY_MS);
+        let status = header_u64(session, "x-demo-status")
+            .filter(|s| (200..600).contains(s))
+            .unwrap_or(200) as u16;
+        let mut body = Vec::new();
+        loop {
+            match session.read_request_body().await {
+                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                Ok(None) => break,
+                Err(e) => return json_response(400, json!({ "error": e.to_string() })),
+            }
+        }
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        json_response(
+            status,
+            json!({
+                "method": method,
+                "path": path,
+                "query": query,
+                "headers": headers,
+                "body": String::from_utf8_lossy(&body),
+                "body_len": body.len(),
+            }),
+        )
+    }
+}

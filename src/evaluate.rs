@@ -1,0 +1,149 @@
+//! Every limit that applies to a request, checked in one store call; the most restrictive
+//! one decides.
+//!
+//! Phase: `request_filter`, after identity, route and shedding. Builds the counter keys (hashes
+//! of the caller's identity parts), calls the store once, and applies each limit's failure
+//! policy if the store cannot answer.
+
+use http::{HeaderMap, Method};
+
+use crate::config::{Config, KeyPart, Limit, LimitId, OnError, Route};
+use crate::identity::Caller;
+use crate::limit::Decision;
+use crate::store::{Check, CounterKey, Store, StoreError};
+
+/// The outcome for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Proceed. `decisive` is the most restrictive enforcing limit, for the response headers.
+    Allow {
+        decisive: Option<(LimitId, Decision)>,
+    },
+    /// 429: this limit is exhausted.
+    Deny { limit: LimitId, decision: Decision },
+    /// 503: the store could not answer and this limit fails closed.
+    Unavailable { limit: LimitId },
+}
+
+/// What one evaluation found, beyond the verdict: for metrics and logs.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// Shadow limits that would have denied.
+    pub shadow_denied: Vec<LimitId>,
+    /// Set when the store failed and the failure policies decided.
+    pub store_error: Option<String>,
+}
+
+/// The limits of `route` and of the caller's tier that apply to this caller, with their keys.
+pub fn applicable(
+    cfg: &Config,
+    caller: &Caller,
+    route: &Route,
+    method: &Method,
+    headers: &HeaderMap,
+    ids: &mut Vec<LimitId>,
+    checks: &mut Vec<Check>,
+) {
+    let tier_limits = caller
+        .tier
+        .map_or(&[][..], |t| cfg.tiers[t].limits.as_slice());
+    for &id in route.limits.iter().chain(tier_limits) {
+        let limit = cfg.limit(id);
+        if limit.anonymous_only && !caller.is_anonymous() {
+            continue;
+        }
+        // A limit whose key needs a part this request lacks (no API key, no such header) does
+        // not apply to it.
+        let Some(key) = counter_key(cfg, limit, caller, route, method, headers) else {
+            continue;
+        };
+        ids.push(id);
+        checks.push(Check {
+            key,
+            quota: limit.quota,
+            cost: route.cost,
+            shadow: limit.shadow,
+        });
+    }
+}
+
+fn counter_key(
+    cfg: &Config,
+    limit: &Limit,
+    caller: &Caller,
+    route: &Route,
+    method: &Method,
+    headers: &HeaderMap,
+) -> Option<CounterKey> {
+    let (ip_buf, ip_len) = match caller.client_ip {
+        std::net::IpAddr::V4(v4) => {
+            let mut b = [0u8; 16];
+            b[..4].copy_from_slice(&v4.octets());
+            (b, 4)
+        }
+        std::net::IpAddr::V6(v6) => (v6.octets(), 16),
+    };
+    let mut parts: [&[u8]; 8] = [&[]; 8];
+    for (slot, part) in parts.iter_mut().zip(&limit.key) {
+        *slot = match part {
+            KeyPart::ApiKey => caller.api_key.as_deref()?.as_bytes(),
+            KeyPart::User => caller.user.as_deref()?.as_bytes(),
+            KeyPart::ClientIp => &ip_buf[..ip_len],
+            KeyPart::Route => route.name.as_bytes(),
+            KeyPart::Method => method.as_str().as_bytes(),
+            KeyPart::Tier => cfg.tiers[caller.tier?].name.as_bytes(),
+            KeyPart::Header(h) => headers.get(h)?.as_bytes(),
+        };
+    }
+    Some(CounterKey::new(
+        &limit.name,
+        parts[..limit.key.len()].iter().copied(),
+    ))
+}
+
+/// Check `checks` (built by [`applicable`]) and decide.
+pub async fn decide(
+    cfg: &Config,
+    store: &Store,
+    ids: &[LimitId],
+    checks: &[Check],
+    now: u64,
+    decisions: &mut Vec<Decision>,
+) -> (Verdict, Report) {
+    let mut report = Report::default();
+    if checks.is_empty() {
+        return (Verdict::Allow { decisive: None }, report);
+    }
+    if let Err(e) = store.check(checks, now, decisions).await {
+        return (on_store_error(cfg, ids, &e, &mut report), report);
+    }
+    let mut decisive: Option<(LimitId, Decision)> = None;
+    for ((&id, c), d) in ids.iter().zip(checks).zip(decisions.iter()) {
+        if c.shadow {
+            if !d.allowed {
+                report.shadow_denied.push(id);
+            }
+            continue;
+        }
+        if decisive.is_none_or(|(_, best)| d.more_restrictive_than(&best)) {
+            decisive = Some((id, *d));
+        }
+    }
+    let verdict = match decisive {
+        Some((limit, decision)) if !decision.allowed => Verdict::Deny { limit, decision },
+        _ => Verdict::Allow { decisive },
+    };
+    (verdict, report)
+}
+
+fn on_store_error(cfg: &Config, ids: &[LimitId], e: &StoreError, report: &mut Report) -> Verdict {
+    report.store_error = Some(e.to_string());
+    for &id in ids {
+        let l = cfg.limit(id);
+        if !l.shadow && l.on_error == OnError::Deny {
+            return Verdict::Unavailable { limit: id };
+        }
+    }
+    // `allow` and (until a local limiter exists for this store) `local` fail open.
+    Verdict::Allow { decisive: None }
+}

@@ -1,0 +1,22 @@
+//! tollgate: an API gateway on Pingora that enforces distributed rate limits before a request
+//! reaches any backend.
+//!
+//! A request walks the modules in this order: [`identity`] (who is calling) → [`route`]
+//! (where it goes) → [`evaluate`] (every matching limit, checked in one [`store`] call with
+//! the [`limit`] algorithms) → [`headers`] (the decision as HTTP). [`proxy`] is the Pingora
+//! glue that runs them in `request_filter`; [`config`] holds the validated, hot-reloaded
+//! configuration; [`server`] wires everything together.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod demo;
+pub mod evaluate;
+pub mod headers;
+pub mod identity;
+pub mod limit;
+pub mod proxy;
+pub mod route;
+pub mod server;
+pub mod store;

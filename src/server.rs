@@ -1,0 +1,141 @@
+//! Wiring: build the store, the proxy service, the admin listener and the background tasks
+//! (config reload, memory sweeping) on one Pingora server, and run it.
+//!
+//! Phase: startup. Nothing here runs per request.
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora_core::server::configuration::ServerConf;
+use pingora_core::server::{Server, ShutdownWatch};
+use pingora_core::services::background::{background_service, BackgroundService};
+use pingora_core::services::listening::Service;
+
+use crate::admin::Admin;
+use crate::config::reload::ConfigHandle;
+use crate::demo::DemoUpstream;
+use crate::limit::{Clock, SystemClock};
+use crate::proxy::Gateway;
+use crate::store::{MemoryStore, Store};
+
+/// How often the memory store drops expired keys.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A startup failure, printed before exiting with status 1.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Listen {
+        addr: SocketAddr,
+        what: &'static str,
+        source: std::io::Error,
+    },
+}
+
+fn check_bind(addr: SocketAddr, what: &'static str) -> Result<(), StartError> {
+    TcpListener::bind(addr)
+        .map(drop)
+        .map_err(|source| StartError::Listen { addr, what, source })
+}
+
+fn pingora_conf(threads: usize, grace: Duration) -> ServerConf {
+    ServerConf {
+        threads,
+        grace_period_seconds: Some(grace.as_secs()),
+        graceful_shutdown_timeout_seconds: Some(grace.as_secs().max(1)),
+        ..ServerConf::default()
+    }
+}
+
+struct Maintenance {
+    config: Arc<ConfigHandle>,
+    store: Arc<Store>,
+}
+
+#[async_trait]
+impl BackgroundService for Maintenance {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        let watch = tokio::spawn(self.config.clone().watch(shutdown.clone()));
+        let store = self.store.clone();
+        let mut shutdown = shutdown;
+        let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                _ = tick.tick() => {
+                    let Store::Memory(m) = &*store;
+                    let removed = m.sweep(SystemClock.now_ms());
+                    tracing::debug!(removed, "swept expired counters");
+                }
+            }
+        }
+        let _ = watch.await;
+    }
+}
+
+/// Run the gateway until it is told to stop (SIGINT, SIGTERM).
+pub fn run(config: Arc<ConfigHandle>) -> Result<(), StartError> {
+    let cfg = config.snapshot();
+    check_bind(cfg.server.listen, "server.listen")?;
+    check_bind(cfg.server.admin_listen, "server.admin_listen")?;
+
+    let mut server = Server::new_with_opt_and_conf(
+        None,
+        pingora_conf(cfg.server.threads, cfg.server.grace_period),
+    );
+    server.bootstrap();
+
+    let store = Arc::new(Store::Memory(MemoryStore::new(cfg.store.max_keys)));
+    let gateway = Gateway {
+        config: config.clone(),
+        store: store.clone(),
+        clock: Arc::new(SystemClock),
+    };
+    let mut proxy = pingora_proxy::http_proxy_service_with_name(
+        &server.configuration,
+        gateway,
+        "tollgate proxy",
+    );
+    proxy.add_tcp(&cfg.server.listen.to_string());
+
+    let mut admin = Service::new(
+        "tollgate admin".to_string(),
+        Admin {
+            config: config.clone(),
+            store: store.clone(),
+        },
+    );
+    admin.add_tcp(&cfg.server.admin_listen.to_string());
+
+    let maintenance = background_service("tollgate maintenance", Maintenance { config, store });
+
+    tracing::info!(
+        listen = %cfg.server.listen,
+        admin = %cfg.server.admin_listen,
+        config = %cfg.source,
+        routes = cfg.routes.len(),
+        limits = cfg.limits.len(),
+        "tollgate starting on the memory store"
+    );
+    server.add_service(proxy);
+    server.add_service(admin);
+    server.add_service(maintenance);
+    server.run_forever()
+}
+
+/// Run the demo upstream until stopped.
+pub fn run_demo_upstream(listen: SocketAddr) -> Result<(), StartError> {
+    check_bind(listen, "--listen")?;
+    let mut server = Server::new_with_opt_and_conf(None, pingora_conf(1, Duration::from_secs(0)));
+    server.bootstrap();
+    let mut svc = Service::new(
+        "tollgate demo upstream".to_string(),
+        DemoUpstream::default(),
+    );
+    svc.add_tcp(&listen.to_string());
+    tracing::info!(%listen, "demo upstream listening");
+    server.add_service(svc);
+    server.run_forever()
+}

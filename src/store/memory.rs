@@ -1,0 +1,286 @@
+//! The embedded store: counters in this process, for a single gateway node.
+//!
+//! Keys are spread over [`SHARDS`] mutex-protected maps. A request's checks lock the shards
+//! they touch in ascending order (so two requests can never deadlock), decide, and commit only
+//! if every enforcing limit admits, which makes each request's check atomic and exact under
+//! any concurrency.
+//!
+//! Memory is bounded: at most `max_keys` keys. Expired state is swept periodically and
+//! whenever a shard is full; if a full shard has nothing expired, the keys closest to expiry
+//! (those whose counters matter least) are evicted, one sixteenth of the shard at a time, and
+//! counted in [`MemoryStore::evictions`].
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, MutexGuard};
+
+use super::{Check, CounterKey};
+use crate::limit::{check, Decision, Outcome, State};
+
+/// Number of shards; a power of two.
+pub const SHARDS: usize = 64;
+
+struct Entry {
+    state: State,
+    /// ms since epoch after which the state no longer matters.
+    expires_at: u64,
+}
+
+/// Keys are already uniformly distributed hashes: use their first 8 bytes as the hash.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | b as u64;
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+impl std::hash::Hash for CounterKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(u64::from_le_bytes(
+            self.0[8..16].try_into().expect("8 bytes"),
+        ));
+    }
+}
+
+type Shard = HashMap<CounterKey, Entry, BuildHasherDefault<KeyHasher>>;
+
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    shard_cap: usize,
+    evictions: AtomicU64,
+}
+
+impl MemoryStore {
+    /// A store that keeps at most `max_keys` keys (rounded up to a multiple of [`SHARDS`]).
+    pub fn new(max_keys: usize) -> Self {
+        MemoryStore {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shard_cap: max_keys.div_ceil(SHARDS).max(1),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    fn shard_of(key: &CounterKey) -> usize {
+        key.0[0] as usize & (SHARDS - 1)
+    }
+
+    /// Check all of a request's limits atomically; see the module docs.
+    pub fn check(&self, checks: &[Check], now: u64, out: &mut Vec<Decision>) {
+        out.clear();
+        // Lock every shard involved, in ascending order.
+        let mut ids: Vec<usize> = checks.iter().map(|c| Self::shard_of(&c.key)).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            ids.iter().map(|&i| self.shards[i].lock()).collect();
+        let guard_of = |key: &CounterKey| {
+            ids.binary_search(&Self::shard_of(key))
+                .expect("shard locked")
+        };
+
+        let mut outcomes: Vec<Outcome> = Vec::with_capacity(checks.len());
+        let mut admit = true;
+        for c in checks {
+            let shard = &guards[guard_of(&c.key)];
+            let state = shard
+                .get(&c.key)
+                .filter(|e| e.expires_at > now)
+                .map(|e| &e.state);
+            let o = check(&c.quota, state, now, c.cost);
+            admit &= o.decision.allowed || c.shadow;
+            out.push(o.decision);
+            outcomes.push(o);
+        }
+        if !admit {
+            return;
+        }
+        for (c, o) in checks.iter().zip(outcomes) {
+            let Some(state) = o.next else { continue };
+            let shard = &mut guards[guard_of(&c.key)];
+            if shard.len() >= self.shard_cap && !shard.contains_key(&c.key) {
+                self.make_room(shard, now);
+            }
+            shard.insert(
+                c.key,
+                Entry {
+                    state,
+                    expires_at: o.expires_at,
+                },
+            );
+        }
+    }
+
+    fn make_room(&self, shard: &mut Shard, now: u64) {
+        shard.retain(|_, e| e.expires_at > now);
+        let target = self.shard_cap - (self.shard_cap / 16).max(1);
+        if shard.len() <= target {
+            return;
+        }
+        let excess = shard.len() - target;
+        let mut expiries: Vec<u64> = shard.values().map(|e| e.expires_at).collect();
+        let (_, &mut cut, _) = expiries.select_nth_unstable(excess - 1);
+        let before = shard.len();
+        let mut budget = excess;
+        shard.retain(|_, e| {
+            if budget > 0 && e.expires_at <= cut {
+                budget -= 1;
+                false
+            } else {
+                true
+            }
+        });
+        self.evictions
+            .fetch_add((before - shard.len()) as u64, Ordering::Relaxed);
+    }
+
+    /// Drop every expired key. Run periodically; takes one shard lock at a time.
+    pub fn sweep(&self, now: u64) -> usize {
+        let mut removed = 0;
+        for s in self.shards.iter() {
+            let mut s = s.lock();
+            let before = s.len();
+            s.retain(|_, e| e.expires_at > now);
+            removed += before - s.len();
+        }
+        removed
+    }
+
+    /// Keys currently held (including expired ones not yet swept).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Live keys evicted because the store was full.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{Algorithm, Quota};
+    use std::sync::Arc;
+
+    fn one(store: &MemoryStore, key: &str, q: Quota, now: u64) -> bool {
+        let mut out = Vec::new();
+        let c = Check {
+            key: CounterKey::new("t", [key.as_bytes()]),
+            quota: q,
+            cost: 1,
+            shadow: false,
+        };
+        store.check(&[c], now, &mut out);
+        out[0].allowed
+    }
+
+    #[test]
+    fn denied_request_consumes_nothing_from_other_limits() {
+        let s = MemoryStore::new(1000);
+        let minute = Quota::new(Algorithm::FixedWindow, 10, 60_000);
+        let hour = Quota::new(Algorithm::FixedWindow, 2, 3_600_000);
+        let checks = [
+            Check {
+                key: CounterKey::new("minute", []),
+                quota: minute,
+                cost: 1,
+                shadow: false,
+            },
+            Check {
+                key: CounterKey::new("hour", []),
+                quota: hour,
+                cost: 1,
+                shadow: false,
+            },
+        ];
+        let mut out = Vec::new();
+        for _ in 0..5 {
+            s.check(&checks, 1_000, &mut out);
+        }
+        // Two admitted, three denied by the hour limit: the minute counter saw only two.
+        assert_eq!(out[0].remaining, 8);
+        assert!(!out[1].allowed);
+    }
+
+    #[test]
+    fn shadow_limit_never_blocks() {
+        let s = MemoryStore::new(1000);
+        let q = Quota::new(Algorithm::FixedWindow, 1, 60_000);
+        let checks = [
+            Check {
+                key: CounterKey::new("real", []),
+                quota: Quota::new(Algorithm::FixedWindow, 5, 60_000),
+                cost: 1,
+                shadow: false,
+            },
+            Check {
+                key: CounterKey::new("shadow", []),
+                quota: q,
+                cost: 1,
+                shadow: true,
+            },
+        ];
+        let mut out = Vec::new();
+        let mut admitted = 0;
+        for _ in 0..10 {
+            s.check(&checks, 1_000, &mut out);
+            if out[0].allowed {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 5);
+        assert!(!out[1].allowed);
+    }
+
+    #[test]
+    fn exact_under_concurrency() {
+        let s = Arc::new(MemoryStore::new(1000));
+        let q = Quota::new(Algorithm::SlidingWindow, 100, 60_000);
+        let admitted = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (s, admitted) = (s.clone(), admitted.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..125 {
+                        if one(&s, "k", q, 5_000) {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(admitted.load(Ordering::Relaxed), 100);
+    }
+
+    #[test]
+    fn bounded_and_evicts_soonest_expiring() {
+        let s = MemoryStore::new(SHARDS * 16);
+        let q = Quota::new(Algorithm::FixedWindow, 10, 60_000);
+        for i in 0..20_000u32 {
+            one(&s, &i.to_string(), q, 1_000);
+        }
+        assert!(s.len() <= SHARDS * 16, "held {}", s.len());
+        assert!(s.evictions() > 0);
+        // Expired state is swept.
+        let held = s.len();
+        assert_eq!(s.sweep(120_000), held);
+        assert!(s.is_empty());
+    }
+}

@@ -1,0 +1,64 @@
+//! Where counters live. [`Store`] checks all of one request's limits in one atomic step:
+//! every limit is checked, and only if every enforcing limit admits is `cost` consumed from
+//! each. A denied request consumes nothing.
+//!
+//! Phase: `request_filter`, after identity, route and shedding. The memory store answers
+//! synchronously under short shard locks that are never held across an await.
+
+pub mod key;
+pub mod memory;
+
+use crate::limit::{Decision, Quota};
+
+pub use key::CounterKey;
+pub use memory::MemoryStore;
+
+/// One limit to check for one request.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub key: CounterKey,
+    pub quota: Quota,
+    pub cost: u64,
+    /// Counted and reported, never denies: its own denial does not block the others.
+    pub shadow: bool,
+}
+
+/// Why a store could not answer. Turned into a per-limit failure policy by the caller.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("store timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The configured store. An enum rather than a trait object: the set is closed and the hot
+/// path stays a direct call.
+pub enum Store {
+    Memory(MemoryStore),
+}
+
+impl Store {
+    /// Check every limit of a request atomically at `now` (ms since the Unix epoch).
+    /// `out` receives one decision per check, in order.
+    pub async fn check(
+        &self,
+        checks: &[Check],
+        now: u64,
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                m.check(checks, now, out);
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether the store can answer right now (for `/readyz`).
+    pub async fn ready(&self) -> bool {
+        match self {
+            Store::Memory(_) => true,
+        }
+    }
+}
