@@ -59,6 +59,7 @@ pub fn applicable(
         };
         ids.push(id);
         checks.push(Check {
+            name: limit.name.clone(),
             key,
             quota: limit.quota,
             cost: route.cost,

@@ -18,7 +18,7 @@ use crate::config::reload::ConfigHandle;
 use crate::demo::DemoUpstream;
 use crate::limit::{Clock, SystemClock};
 use crate::proxy::Gateway;
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryStore, RedisStore, Store};
 
 /// How often the memory store drops expired keys.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
@@ -26,6 +26,8 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 /// A startup failure, printed before exiting with status 1.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    #[error("cannot set up the store: {0}")]
+    Store(crate::store::StoreError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         addr: SocketAddr,
@@ -65,9 +67,10 @@ impl BackgroundService for Maintenance {
             tokio::select! {
                 _ = shutdown.changed() => break,
                 _ = tick.tick() => {
-                    let Store::Memory(m) = &*store;
-                    let removed = m.sweep(SystemClock.now_ms());
-                    tracing::debug!(removed, "swept expired counters");
+                    if let Store::Memory(m) = &*store {
+                        let removed = m.sweep(SystemClock.now_ms());
+                        tracing::debug!(removed, "swept expired counters");
+                    }
                 }
             }
         }
@@ -87,7 +90,13 @@ pub fn run(config: Arc<ConfigHandle>) -> Result<(), StartError> {
     );
     server.bootstrap();
 
-    let store = Arc::new(Store::Memory(MemoryStore::new(cfg.store.max_keys)));
+    let store = Arc::new(match &cfg.store.redis {
+        None => Store::Memory(MemoryStore::new(cfg.store.max_keys)),
+        Some(t) => Store::Redis(
+            RedisStore::new(t.clone(), &cfg.store.key_prefix, cfg.store.timeout)
+                .map_err(StartError::Store)?,
+        ),
+    });
     let gateway = Gateway {
         config: config.clone(),
         store: store.clone(),
@@ -117,7 +126,8 @@ pub fn run(config: Arc<ConfigHandle>) -> Result<(), StartError> {
         config = %cfg.source,
         routes = cfg.routes.len(),
         limits = cfg.limits.len(),
-        "tollgate starting on the memory store"
+        store = ?cfg.store.backend,
+        "tollgate starting"
     );
     server.add_service(proxy);
     server.add_service(admin);

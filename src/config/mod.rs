@@ -30,6 +30,7 @@ pub mod defaults {
     pub const STORE_TIMEOUT_MS: u64 = 25;
     pub const KEY_PREFIX: &str = "tollgate";
     pub const MAX_KEYS: usize = 1_000_000;
+    pub const REDIS_URL: &str = "redis://127.0.0.1:6379/0";
     pub const API_KEY_HEADER: &str = "x-api-key";
     pub const JWT_HEADER: &str = "authorization";
     pub const JWT_USER_CLAIM: &str = "sub";
@@ -106,7 +107,8 @@ pub enum OnError {
 #[derive(Debug, Clone)]
 pub struct StoreSettings {
     pub backend: Backend,
-    pub url: Option<String>,
+    /// Where Redis is; `None` for the memory store.
+    pub redis: Option<crate::store::Topology>,
     pub timeout: Duration,
     pub key_prefix: String,
     pub on_error: OnError,

@@ -29,6 +29,17 @@ pub struct Store {
     pub on_error: Option<String>,
     /// Memory store: the most keys it keeps before evicting those closest to expiry.
     pub max_keys: Option<usize>,
+    /// `redis_cluster`: seed nodes (`redis://host:port`).
+    pub cluster_nodes: Option<Vec<String>>,
+    /// `redis_sentinel`: the master's name and the sentinels.
+    pub sentinel: Option<Sentinel>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sentinel {
+    pub master_name: String,
+    pub nodes: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

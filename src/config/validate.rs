@@ -20,6 +20,7 @@ use super::{
     KeyPart, Limit, LimitId, OnError, Route, ServerSettings, StoreSettings, Tier, TierId, Upstream,
 };
 use crate::limit::{Algorithm, Quota, MAX_SCALED};
+use crate::store::Topology;
 
 /// The most parts a counter key may have.
 pub const MAX_KEY_PARTS: usize = 8;
@@ -470,15 +471,65 @@ fn store_settings(errs: &mut Errors, r: raw::Store, o: &Overrides) -> StoreSetti
             backend = Backend::Redis;
         }
     }
-    if backend != Backend::Memory {
-        errs.at(
-            "store.backend",
-            format!(
-                "{:?} is not available in this version of tollgate yet; use memory",
-                r.backend.as_deref().unwrap_or("redis")
-            ),
-        );
-    }
+    let check_url = |errs: &mut Errors, path: &str, u: &str| {
+        if let Err(e) = redis::Client::open(u) {
+            errs.at(path, format!("{u:?} is not a Redis URL: {e}"));
+        }
+    };
+    let redis = match backend {
+        Backend::Memory => None,
+        Backend::Redis => {
+            let u = url.unwrap_or_else(|| defaults::REDIS_URL.to_string());
+            check_url(
+                errs,
+                if o.redis_url.is_some() {
+                    "--redis-url"
+                } else {
+                    "store.url"
+                },
+                &u,
+            );
+            Some(Topology::Single { url: u })
+        }
+        Backend::RedisCluster => {
+            let nodes = r.cluster_nodes.unwrap_or_default();
+            if nodes.is_empty() {
+                errs.at(
+                    "store.cluster_nodes",
+                    "redis_cluster needs at least one seed node (redis://host:port)",
+                );
+            }
+            for (i, n) in nodes.iter().enumerate() {
+                check_url(errs, &format!("store.cluster_nodes[{i}]"), n);
+            }
+            Some(Topology::Cluster { nodes })
+        }
+        Backend::RedisSentinel => match r.sentinel {
+            None => {
+                errs.at(
+                    "store.sentinel",
+                    "redis_sentinel needs { master_name, nodes }",
+                );
+                None
+            }
+            Some(s) => {
+                if s.nodes.is_empty() {
+                    errs.at(
+                        "store.sentinel.nodes",
+                        "needs at least one sentinel (redis://host:port)",
+                    );
+                }
+                for (i, n) in s.nodes.iter().enumerate() {
+                    check_url(errs, &format!("store.sentinel.nodes[{i}]"), n);
+                }
+                Some(Topology::Sentinel {
+                    master_name: s.master_name,
+                    nodes: s.nodes,
+                    url,
+                })
+            }
+        },
+    };
     let timeout = r
         .timeout
         .and_then(|t| duration(errs, "store.timeout", &t))
@@ -509,7 +560,7 @@ fn store_settings(errs: &mut Errors, r: raw::Store, o: &Overrides) -> StoreSetti
     };
     StoreSettings {
         backend,
-        url,
+        redis,
         timeout,
         key_prefix,
         on_error,

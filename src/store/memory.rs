@@ -181,6 +181,7 @@ mod tests {
     fn one(store: &MemoryStore, key: &str, q: Quota, now: u64) -> bool {
         let mut out = Vec::new();
         let c = Check {
+            name: "t".into(),
             key: CounterKey::new("t", [key.as_bytes()]),
             quota: q,
             cost: 1,
@@ -197,12 +198,14 @@ mod tests {
         let hour = Quota::new(Algorithm::FixedWindow, 2, 3_600_000);
         let checks = [
             Check {
+                name: "t".into(),
                 key: CounterKey::new("minute", []),
                 quota: minute,
                 cost: 1,
                 shadow: false,
             },
             Check {
+                name: "t".into(),
                 key: CounterKey::new("hour", []),
                 quota: hour,
                 cost: 1,
@@ -224,12 +227,14 @@ mod tests {
         let q = Quota::new(Algorithm::FixedWindow, 1, 60_000);
         let checks = [
             Check {
+                name: "t".into(),
                 key: CounterKey::new("real", []),
                 quota: Quota::new(Algorithm::FixedWindow, 5, 60_000),
                 cost: 1,
                 shadow: false,
             },
             Check {
+                name: "t".into(),
                 key: CounterKey::new("shadow", []),
                 quota: q,
                 cost: 1,

@@ -7,15 +7,21 @@
 
 pub mod key;
 pub mod memory;
+pub mod redis;
+
+use std::sync::Arc;
 
 use crate::limit::{Decision, Quota};
 
+pub use self::redis::{RedisStore, Topology};
 pub use key::CounterKey;
 pub use memory::MemoryStore;
 
 /// One limit to check for one request.
 #[derive(Debug, Clone)]
 pub struct Check {
+    /// The limit's name (part of the Redis key).
+    pub name: Arc<str>,
     pub key: CounterKey,
     pub quota: Quota,
     pub cost: u64,
@@ -36,6 +42,7 @@ pub enum StoreError {
 /// path stays a direct call.
 pub enum Store {
     Memory(MemoryStore),
+    Redis(RedisStore),
 }
 
 impl Store {
@@ -52,6 +59,7 @@ impl Store {
                 m.check(checks, now, out);
                 Ok(())
             }
+            Store::Redis(r) => r.check(checks, now, out).await,
         }
     }
 
@@ -59,6 +67,7 @@ impl Store {
     pub async fn ready(&self) -> bool {
         match self {
             Store::Memory(_) => true,
+            Store::Redis(r) => r.ping().await,
         }
     }
 }

@@ -1,0 +1,22 @@
+-- tollgate: shared helpers. The scripts in this directory are concatenated, in the order
+-- prelude, algorithms, check, into the one script the gateway runs with EVALSHA; each
+-- algorithm file adds one entry to ALG. Every number stays below 2^53 (validation bounds
+-- limit x window), so Lua's doubles are exact; integers are written back with %d because
+-- Lua would print large ones in exponent form.
+local ALG = {}
+
+-- floor(a / b) for non-negative integers, exact even where a / b rounds.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+-- ceil(a / b) for non-negative integers.
+local function cdiv(a, b)
+  return idiv(a + b - 1, b)
+end
+
+local function int(x)
+  return string.format('%d', x)
+end

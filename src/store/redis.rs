@@ -1,0 +1,382 @@
+//! The Redis store: counters shared by every gateway instance.
+//!
+//! All of a request's limits are checked by one call of one Lua script (EVALSHA; on NOSCRIPT
+//! the script is loaded and that call retried once, which is safe because NOSCRIPT means it
+//! did not run). The script reads the clock with `TIME`, so gateway clocks do not matter,
+//! checks every limit, and consumes only if all enforcing limits admit.
+//!
+//! Keys: `{<prefix>:<limit>:<hash>}` plus a suffix per algorithm (see `lua/`), so every key of
+//! one limit and caller shares one cluster slot. In Redis Cluster the limits of one request
+//! can live in different slots: they are grouped per slot, one script call per group, run in
+//! sequence and stopped at the first denial. Within a group the check is all-or-nothing;
+//! across groups a denial in a later group does not undo what earlier groups consumed.
+//!
+//! Phase: `request_filter`. Every call has its own deadline (`store.timeout`).
+
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot;
+use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::{RedisError, Script, ScriptInvocation};
+use std::sync::Arc;
+use tokio::sync::Mutex as AsyncMutex;
+
+use super::{Check, StoreError};
+use crate::limit::{Algorithm, Decision};
+
+/// The script: prelude, the five algorithms, and the all-or-nothing dispatcher.
+pub const SCRIPT: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    include_str!("../../lua/sliding_window.lua"),
+    include_str!("../../lua/fixed_window.lua"),
+    include_str!("../../lua/sliding_log.lua"),
+    include_str!("../../lua/token_bucket.lua"),
+    include_str!("../../lua/gcra.lua"),
+    include_str!("../../lua/check.lua"),
+);
+
+/// How long a connection attempt may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The code the script uses for each algorithm.
+pub fn algorithm_code(a: Algorithm) -> u8 {
+    match a {
+        Algorithm::SlidingWindow => 1,
+        Algorithm::FixedWindow => 2,
+        Algorithm::SlidingLog => 3,
+        Algorithm::TokenBucket => 4,
+        Algorithm::Gcra => 5,
+    }
+}
+
+/// Where Redis is.
+#[derive(Debug, Clone)]
+pub enum Topology {
+    Single {
+        url: String,
+    },
+    Cluster {
+        nodes: Vec<String>,
+    },
+    Sentinel {
+        master_name: String,
+        nodes: Vec<String>,
+        url: Option<String>,
+    },
+}
+
+enum Conn {
+    Single(redis::Client, Lazy<ConnectionManager>),
+    Cluster(Lazy<ClusterConnection>),
+    Sentinel(SentinelConn),
+}
+
+/// A connection made on first use and again after it fails, one attempt at a time.
+struct Lazy<C> {
+    current: ArcSwapOption<C>,
+    connecting: AsyncMutex<()>,
+}
+
+impl<C> Lazy<C> {
+    fn new() -> Self {
+        Lazy {
+            current: ArcSwapOption::empty(),
+            connecting: AsyncMutex::new(()),
+        }
+    }
+
+    async fn get<F, Fut>(&self, connect: F) -> Result<Arc<C>, RedisError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<C, RedisError>>,
+    {
+        if let Some(c) = self.current.load_full() {
+            return Ok(c);
+        }
+        let _one = self.connecting.lock().await;
+        if let Some(c) = self.current.load_full() {
+            return Ok(c);
+        }
+        let c = Arc::new(connect().await?);
+        self.current.store(Some(c.clone()));
+        Ok(c)
+    }
+
+    fn reset(&self) {
+        self.current.store(None);
+    }
+}
+
+struct SentinelConn {
+    client: AsyncMutex<SentinelClient>,
+    master: Lazy<ConnectionManager>,
+}
+
+pub struct RedisStore {
+    conn: Conn,
+    topology: Topology,
+    script: Script,
+    prefix: String,
+    timeout: Duration,
+    /// Production: false, the script reads Redis's clock. Tests replaying decision sequences
+    /// pass their own time.
+    explicit_time: bool,
+}
+
+fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(timeout.max(Duration::from_millis(100))))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_secs(2))
+}
+
+impl RedisStore {
+    /// Set up the store. No connection is made yet: the first check connects, so the gateway
+    /// starts (and reports not ready) while Redis is down.
+    pub fn new(topology: Topology, prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let bad = |e: RedisError| StoreError::Unavailable(format!("invalid Redis settings: {e}"));
+        let conn = match &topology {
+            Topology::Single { url } => {
+                // The manager (and its driver task) is made on first use, inside the runtime
+                // that serves requests.
+                Conn::Single(redis::Client::open(url.as_str()).map_err(bad)?, Lazy::new())
+            }
+            Topology::Cluster { .. } => Conn::Cluster(Lazy::new()),
+            Topology::Sentinel {
+                master_name,
+                nodes,
+                url,
+            } => {
+                let info = url
+                    .as_deref()
+                    .map(redis::IntoConnectionInfo::into_connection_info)
+                    .transpose()
+                    .map_err(bad)?;
+                let node_info = redis::sentinel::SentinelNodeConnectionInfo::default();
+                let node_info = match info {
+                    Some(i) => node_info.set_redis_connection_info(i.redis_settings().clone()),
+                    None => node_info,
+                };
+                let client = SentinelClient::build(
+                    nodes.clone(),
+                    master_name.clone(),
+                    Some(node_info),
+                    SentinelServerType::Master,
+                )
+                .map_err(bad)?;
+                Conn::Sentinel(SentinelConn {
+                    client: AsyncMutex::new(client),
+                    master: Lazy::new(),
+                })
+            }
+        };
+        Ok(RedisStore {
+            conn,
+            topology,
+            script: Script::new(SCRIPT),
+            prefix: prefix.to_string(),
+            timeout,
+            explicit_time: false,
+        })
+    }
+
+    /// Decide with the caller's `now` instead of Redis's clock (for replaying sequences).
+    pub fn with_explicit_time(mut self) -> Self {
+        self.explicit_time = true;
+        self
+    }
+
+    /// The base key of a check: one hash tag around the whole name.
+    pub fn base_key(&self, c: &Check) -> String {
+        format!("{{{}:{}:{}}}", self.prefix, c.name, c.key.hex())
+    }
+
+    /// Check `checks` (with their limit names) at `now`; see the module docs.
+    pub async fn check(
+        &self,
+        checks: &[Check],
+        now: u64,
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        out.clear();
+        let keys: Vec<String> = checks.iter().map(|c| self.base_key(c)).collect();
+        if !matches!(self.conn, Conn::Cluster(_)) {
+            let all: Vec<usize> = (0..checks.len()).collect();
+            let (_, decisions) = self.call(&keys, checks, &all, now).await?;
+            out.extend(decisions);
+            return Ok(());
+        }
+        // Cluster: one call per slot, in sequence, stopping at the first denial.
+        let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            let slot = Slot::for_key(k);
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, g)) => g.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        let mut slots: Vec<Option<Decision>> = vec![None; checks.len()];
+        let mut denied = false;
+        for (_, group) in &groups {
+            if denied {
+                // Not consulted, nothing consumed. The request is denied by an earlier group,
+                // whose decision is the one reported, so these placeholders never reach a client.
+                for &i in group {
+                    slots[i] = Some(Decision::allow(
+                        checks[i].quota.limit,
+                        checks[i].quota.limit,
+                        0,
+                    ));
+                }
+                continue;
+            }
+            let (admitted, decisions) = self.call(&keys, checks, group, now).await?;
+            for (&i, d) in group.iter().zip(decisions) {
+                slots[i] = Some(d);
+            }
+            denied = !admitted;
+        }
+        out.extend(slots.into_iter().map(|d| d.expect("every check decided")));
+        Ok(())
+    }
+
+    /// One script call over the checks at `idx`. Returns whether the group admitted.
+    async fn call(
+        &self,
+        keys: &[String],
+        checks: &[Check],
+        idx: &[usize],
+        now: u64,
+    ) -> Result<(bool, Vec<Decision>), StoreError> {
+        let mut inv: ScriptInvocation<'_> = self.script.prepare_invoke();
+        if self.explicit_time {
+            inv.arg(now);
+        } else {
+            inv.arg("");
+        }
+        for &i in idx {
+            let c = &checks[i];
+            inv.key(&keys[i])
+                .arg(algorithm_code(c.quota.algorithm))
+                .arg(c.quota.limit)
+                .arg(c.quota.window_ms)
+                .arg(c.quota.burst)
+                .arg(c.cost)
+                .arg(u8::from(c.shadow));
+        }
+        let reply: Vec<i64> = match tokio::time::timeout(self.timeout, self.invoke(&inv)).await {
+            Err(_) => return Err(StoreError::Timeout(self.timeout)),
+            Ok(Err(e)) => {
+                self.on_error(&e);
+                return Err(StoreError::Unavailable(e.to_string()));
+            }
+            Ok(Ok(r)) => r,
+        };
+        if reply.len() != idx.len() * 4 + 1 {
+            return Err(StoreError::Unavailable(format!(
+                "unexpected script reply of {} values",
+                reply.len()
+            )));
+        }
+        let n = |v: i64| v.max(0) as u64;
+        let decisions = idx
+            .iter()
+            .enumerate()
+            .map(|(j, &i)| {
+                let r = &reply[j * 4..j * 4 + 4];
+                Decision {
+                    allowed: r[0] == 1,
+                    limit: checks[i].quota.limit,
+                    remaining: n(r[1]),
+                    reset_after_ms: n(r[2]),
+                    retry_after_ms: n(r[3]),
+                }
+            })
+            .collect();
+        Ok((reply[idx.len() * 4] == 1, decisions))
+    }
+
+    async fn invoke(&self, inv: &ScriptInvocation<'_>) -> Result<Vec<i64>, RedisError> {
+        match &self.conn {
+            Conn::Single(client, lazy) => {
+                let m = lazy
+                    .get(|| async {
+                        ConnectionManager::new_lazy_with_config(
+                            client.clone(),
+                            manager_config(self.timeout),
+                        )
+                    })
+                    .await?;
+                inv.invoke_async(&mut (*m).clone()).await
+            }
+            Conn::Cluster(lazy) => {
+                let nodes = match &self.topology {
+                    Topology::Cluster { nodes } => nodes.clone(),
+                    _ => unreachable!("cluster connection has cluster topology"),
+                };
+                let timeout = self.timeout;
+                let c = lazy
+                    .get(|| async move {
+                        redis::cluster::ClusterClient::builder(nodes)
+                            .connection_timeout(CONNECT_TIMEOUT)
+                            .response_timeout(timeout.max(Duration::from_millis(100)))
+                            .build()?
+                            .get_async_connection()
+                            .await
+                    })
+                    .await?;
+                inv.invoke_async(&mut (*c).clone()).await
+            }
+            Conn::Sentinel(s) => {
+                let timeout = self.timeout;
+                let m = s
+                    .master
+                    .get(|| async {
+                        let client = s.client.lock().await.async_get_client().await?;
+                        ConnectionManager::new_lazy_with_config(client, manager_config(timeout))
+                    })
+                    .await?;
+                inv.invoke_async(&mut (*m).clone()).await
+            }
+        }
+    }
+
+    /// After a connection-level failure or READONLY (a failed-over master), forget the
+    /// connection so the next call resolves the topology again.
+    fn on_error(&self, e: &RedisError) {
+        let stale = e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.code() == Some("READONLY")
+            || e.is_timeout();
+        if !stale {
+            return;
+        }
+        match &self.conn {
+            // The connection manager reconnects by itself.
+            Conn::Single(..) => {}
+            Conn::Cluster(l) => l.reset(),
+            Conn::Sentinel(s) => s.master.reset(),
+        }
+    }
+
+    /// Whether Redis answers (a script call with no keys) within the deadline.
+    pub async fn ping(&self) -> bool {
+        let mut inv = self.script.prepare_invoke();
+        inv.arg("");
+        let call = async {
+            let r = self.invoke(&inv).await;
+            if let Err(e) = &r {
+                self.on_error(e);
+            }
+            r.is_ok()
+        };
+        tokio::time::timeout(self.timeout.max(Duration::from_millis(250)), call)
+            .await
+            .unwrap_or(false)
+    }
+}
