@@ -6,7 +6,9 @@
 -- Returns 4 integers per limit: allowed, remaining, reset after (ms), retry after (ms);
 -- then 1 if the request was admitted (and every admitting limit consumed `cost`), else 0.
 local now = tonumber(ARGV[1])
-if not now then
+if now then
+  SLACK = 60000
+else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end

@@ -8,7 +8,7 @@ ALG[2] = function(base, now, limit, w, burst, cost)
   if count + cost <= limit then
     return 1, limit - count - cost, reset, 0, function()
       if count == 0 then
-        redis.call('SET', key, cost, 'PXAT', int(start + w))
+        redis.call('SET', key, cost, 'PX', int(start + w - now + SLACK))
       else
         redis.call('INCRBY', key, cost)
       end

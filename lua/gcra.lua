@@ -12,7 +12,7 @@ ALG[5] = function(base, now, limit, w, burst, cost)
   if new_tat - now_us <= tolerance then
     local ttl = cdiv(new_tat - now_us, 1000)
     return 1, idiv(tolerance - (new_tat - now_us), t), ttl, 0, function()
-      redis.call('SET', base, int(new_tat), 'PX', math.max(ttl, 1))
+      redis.call('SET', base, int(new_tat), 'PX', int(math.max(ttl, 1) + SLACK))
     end
   end
   local retry = w

@@ -5,6 +5,12 @@
 -- Lua would print large ones in exponent form.
 local ALG = {}
 
+-- Extra lifetime (ms) of every key. 0 in production: keys live exactly as long as their state
+-- matters. When a caller passes its own time (tests replaying sequences) that time does not
+-- advance with Redis's clock, so keys get a minute of slack; a key kept past its expiry is
+-- harmless because every algorithm treats expired state like no state.
+local SLACK = 0
+
 -- floor(a / b) for non-negative integers, exact even where a / b rounds.
 local function idiv(a, b)
   local q = math.floor(a / b)

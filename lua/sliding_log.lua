@@ -18,7 +18,7 @@ ALG[3] = function(base, now, limit, w, burst, cost)
       else
         redis.call('ZADD', base, int(now), int(now) .. ':' .. int(cost))
       end
-      redis.call('PEXPIRE', base, w)
+      redis.call('PEXPIRE', base, w + SLACK)
     end
   end
   local last = now

@@ -11,7 +11,7 @@ ALG[1] = function(base, now, limit, w, burst, cost)
   if est + need <= capacity then
     return 1, idiv(capacity - est - need, w), 2 * w - elapsed, 0, function()
       if cur == 0 then
-        redis.call('SET', cur_key, cost, 'PXAT', int(start + 2 * w))
+        redis.call('SET', cur_key, cost, 'PX', int(start + 2 * w - now + SLACK))
       else
         redis.call('INCRBY', cur_key, cost)
       end

@@ -14,7 +14,7 @@ ALG[4] = function(base, now, limit, w, burst, cost)
     local left = tokens - need
     local reset = cdiv(capacity - left, limit)
     return 1, idiv(left, w), reset, 0, function()
-      redis.call('SET', base, int(left) .. ':' .. int(now), 'PX', math.max(reset, 1))
+      redis.call('SET', base, int(left) .. ':' .. int(now), 'PX', int(math.max(reset, 1) + SLACK))
     end
   end
   local retry = w
