@@ -4,8 +4,6 @@
 //! Every struct denies unknown keys, so a misspelled `limt:` is an error, not a silently
 //! missing limit.
 
-use std::collections::BTreeMap;
-
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -114,7 +112,3 @@ pub const SECTIONS: &[&str] = &[
     "limits",
     "headers",
 ];
-
-pub type Tiers = BTreeMap<String, Vec<serde_yaml::Value>>;
-pub type ApiKeys = BTreeMap<String, String>;
-pub type Upstreams = BTreeMap<String, Vec<String>>;

@@ -5,7 +5,7 @@
 //! Each top-level section, and each element of `routes`, `limits` and every tier, is
 //! deserialized on its own so that one structural mistake does not hide the others.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
@@ -37,16 +37,68 @@ pub struct Overrides {
 
 struct Errors {
     file: String,
-    list: Vec<String>,
+    /// Each error with its place in the file: (section, element index).
+    list: Vec<((i32, usize), String)>,
+}
+
+/// Where an error sorts: root errors and unknown sections first, then the sections in their
+/// documented order, then the element index (`routes[3]` after `routes[1]`).
+fn place(path: &str) -> (i32, usize) {
+    let section_end = path.find(['.', '[']).unwrap_or(path.len());
+    let section = match &path[..section_end] {
+        "--listen" | "--admin-listen" => "server",
+        "--redis-url" => "store",
+        other => other,
+    };
+    let Some(i) = raw::SECTIONS.iter().position(|s| *s == section) else {
+        return (-1, 0);
+    };
+    let index = path[section_end..]
+        .strip_prefix('[')
+        .and_then(|r| r.split(']').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    (i as i32, index)
 }
 
 impl Errors {
     fn at(&mut self, path: &str, msg: impl std::fmt::Display) {
-        if path.is_empty() {
-            self.list.push(format!("{}: {msg}", self.file));
+        let line = if path.is_empty() {
+            format!("{}: {msg}", self.file)
         } else {
-            self.list.push(format!("{}: {path}: {msg}", self.file));
+            format!("{}: {path}: {msg}", self.file)
+        };
+        self.list.push((place(path), line));
+    }
+
+    /// A mapping section as `(name, value)` pairs in file order.
+    fn entries(&mut self, path: &str, value: Value) -> Vec<(String, Value)> {
+        match value {
+            Value::Mapping(m) => m
+                .into_iter()
+                .filter_map(|(k, v)| match k {
+                    Value::String(name) => Some((name, v)),
+                    other => {
+                        self.at(path, format!("names must be strings, found {other:?}"));
+                        None
+                    }
+                })
+                .collect(),
+            _ => {
+                self.at(path, "must be a mapping of names to values");
+                Vec::new()
+            }
         }
+    }
+
+    fn count(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Every error, in file order.
+    fn finish(mut self) -> ConfigErrors {
+        self.list.sort_by_key(|(p, _)| *p);
+        ConfigErrors(self.list.into_iter().map(|(_, l)| l).collect())
     }
 
     /// Deserialize `value` as `T`, reporting a structural error at `path` (plus the path
@@ -74,12 +126,22 @@ fn join_path(outer: &str, inner: &str) -> String {
     }
 }
 
-/// serde_yaml appends " at line L column C" to some messages; the path already says where.
+/// serde_yaml puts the error's own position (" at line L column C") into its message; the
+/// field path (or the prefix we add) already says where, so drop that one position and keep
+/// any other ("while parsing a flow mapping at line 3 column 5").
 fn clean_serde_message(msg: &str) -> String {
-    match msg.find(" at line ") {
-        Some(i) => msg[..i].to_string(),
-        None => msg.to_string(),
-    }
+    let Some(i) = msg.find(" at line ") else {
+        return msg.to_string();
+    };
+    let rest = &msg[i + " at line ".len()..];
+    let digits = |s: &str| s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let line_len = digits(rest);
+    let Some(after_line) = rest[line_len..].strip_prefix(" column ") else {
+        return msg.to_string();
+    };
+    let col_len = digits(after_line);
+    let end = i + " at line ".len() + line_len + " column ".len() + col_len;
+    format!("{}{}", &msg[..i], &msg[end..])
 }
 
 /// Validate a whole configuration. `file` labels every error.
@@ -100,12 +162,12 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
                 "",
                 format!("{loc}invalid YAML: {}", clean_serde_message(&e.to_string())),
             );
-            return Err(ConfigErrors(errs.list));
+            return Err(errs.finish());
         }
     };
     let Value::Mapping(map) = root else {
         errs.at("", "the top level must be a mapping of sections");
-        return Err(ConfigErrors(errs.list));
+        return Err(errs.finish());
     };
     let mut sections: HashMap<String, Value> = HashMap::new();
     for (k, v) in map {
@@ -135,11 +197,11 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
     let identity_raw: raw::Identity = take("identity")
         .and_then(|v| errs.parse("identity", v))
         .unwrap_or_default();
-    let tiers_raw: raw::Tiers = take("tiers")
-        .and_then(|v| errs.parse("tiers", v))
+    let tiers_raw = take("tiers")
+        .map(|v| errs.entries("tiers", v))
         .unwrap_or_default();
-    let api_keys_raw: raw::ApiKeys = take("api_keys")
-        .and_then(|v| errs.parse("api_keys", v))
+    let api_keys_raw = take("api_keys")
+        .map(|v| errs.entries("api_keys", v))
         .unwrap_or_default();
     let default_tier_raw: Option<String> =
         take("default_tier").and_then(|v| errs.parse("default_tier", v));
@@ -152,20 +214,34 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
         .and_then(|v| errs.parse("headers", v))
         .unwrap_or_default();
 
-    let mut upstreams_raw: raw::Upstreams = match upstreams_value {
-        Some(v) => errs.parse("upstreams", v).unwrap_or_default(),
-        None if !overrides.upstream.is_empty() => BTreeMap::new(),
+    let mut upstreams_raw: Vec<(String, Value)> = match upstreams_value {
+        Some(v) => {
+            let e = errs.entries("upstreams", v);
+            if e.is_empty() && overrides.upstream.is_empty() {
+                errs.at("upstreams", "empty: define at least one upstream");
+            }
+            e
+        }
+        None if !overrides.upstream.is_empty() => Vec::new(),
         None => {
-            errs.at(
-                "upstreams",
-                "missing: define at least one upstream (or pass --upstream)",
-            );
-            BTreeMap::new()
+            errs.at("upstreams", "missing: define at least one upstream");
+            Vec::new()
         }
     };
     if !overrides.upstream.is_empty() {
-        upstreams_raw.insert("default".to_string(), overrides.upstream.clone());
+        let servers = Value::Sequence(
+            overrides
+                .upstream
+                .iter()
+                .map(|s| Value::String(s.clone()))
+                .collect(),
+        );
+        match upstreams_raw.iter_mut().find(|(n, _)| n == "default") {
+            Some((_, v)) => *v = servers,
+            None => upstreams_raw.push(("default".to_string(), servers)),
+        }
     }
+    let routes_declared = routes_value.is_some();
     let routes_raw: Vec<Value> = match routes_value {
         Some(v) => errs.parse("routes", v).unwrap_or_default(),
         None if !overrides.upstream.is_empty() => {
@@ -195,6 +271,9 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
     let mut tiers = Vec::new();
     let mut tier_ids: HashMap<String, TierId> = HashMap::new();
     for (name, items) in tiers_raw {
+        let items: Vec<Value> = errs
+            .parse(&format!("tiers.{name}"), items)
+            .unwrap_or_default();
         let mut ids = Vec::new();
         for (i, item) in items.into_iter().enumerate() {
             let path = format!("tiers.{name}[{i}]");
@@ -215,14 +294,15 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
     }
     let mut api_keys = HashMap::new();
     for (key, tier) in api_keys_raw {
+        let path = format!("api_keys.{}", redact_key(&key));
+        let Some(tier) = errs.parse::<String>(&path, tier) else {
+            continue;
+        };
         match tier_ids.get(&tier) {
             Some(&t) => {
                 api_keys.insert(key, t);
             }
-            None => errs.at(
-                &format!("api_keys.{}", redact_key(&key)),
-                format!("tier {tier:?} is not defined under tiers"),
-            ),
+            None => errs.at(&path, format!("tier {tier:?} is not defined under tiers")),
         }
     }
     let default_tier = default_tier_raw.and_then(|t| match tier_ids.get(&t) {
@@ -241,6 +321,7 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
     let mut upstream_ids = HashMap::new();
     for (name, servers) in upstreams_raw {
         let path = format!("upstreams.{name}");
+        let servers: Vec<String> = errs.parse(&path, servers).unwrap_or_default();
         if servers.is_empty() {
             errs.at(&path, "needs at least one server (host:port)");
         }
@@ -255,25 +336,36 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
         upstreams.push(Upstream::new(name, addrs));
     }
 
-    // Routes, first without limits so that top-level limits can name them.
+    // Routes, first without limits so that top-level limits can name them. A route with
+    // errors still registers its name and has its limits checked, so that one mistake is
+    // reported once and does not hide or cause others.
     let mut routes = Vec::new();
-    let mut route_ids: HashMap<String, usize> = HashMap::new();
+    let mut route_ids: HashMap<String, Option<usize>> = HashMap::new();
     let mut route_limit_values = Vec::new();
+    if routes_raw.is_empty() && routes_declared {
+        errs.at("routes", "empty: define at least one route");
+    }
     for (i, item) in routes_raw.into_iter().enumerate() {
         let path = format!("routes[{i}]");
+        let name = item.get("name").and_then(Value::as_str).map(str::to_string);
         let Some(r) = errs.parse::<raw::Route>(&path, item) else {
+            if let Some(n) = name {
+                route_ids.entry(n).or_insert(None);
+            }
             continue;
         };
-        if let Some(route) = route(&mut errs, &path, &r, &upstream_ids) {
-            if route_ids.insert(r.name.clone(), routes.len()).is_some() {
-                errs.at(
-                    &format!("{path}.name"),
-                    format!("duplicate route name {:?}", r.name),
-                );
-            }
-            routes.push(route);
-            route_limit_values.push((path, r.limits.unwrap_or_default()));
+        let route = route(&mut errs, &path, &r, &upstream_ids);
+        if route_ids
+            .insert(r.name.clone(), Some(routes.len()))
+            .is_some()
+        {
+            errs.at(
+                &format!("{path}.name"),
+                format!("duplicate route name {:?}", r.name),
+            );
         }
+        routes.push(route);
+        route_limit_values.push((path, r.limits.unwrap_or_default()));
     }
     for (ri, (path, items)) in route_limit_values.into_iter().enumerate() {
         for (i, item) in items.into_iter().enumerate() {
@@ -296,12 +388,18 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
         let Some(l) = errs.parse::<raw::Limit>(&path, item) else {
             continue;
         };
+        if l.routes.as_ref().is_some_and(|r| r.is_empty()) {
+            errs.at(
+                &format!("{path}.routes"),
+                "empty: name at least one route, or leave `routes` out to apply the limit to all",
+            );
+        }
         let only: Option<Vec<usize>> = l.routes.as_ref().map(|names| {
             names
                 .iter()
                 .enumerate()
                 .filter_map(|(j, n)| match route_ids.get(n) {
-                    Some(&r) => Some(r),
+                    Some(&r) => r,
                     None => {
                         errs.at(
                             &format!("{path}.routes[{j}]"),
@@ -322,7 +420,7 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
     }
 
     if !errs.list.is_empty() {
-        return Err(ConfigErrors(errs.list));
+        return Err(errs.finish());
     }
     // Match order: longest prefix first, host-specific first, then file order (stable sort).
     routes.sort_by(|a, b| {
@@ -612,11 +710,16 @@ fn identity_settings(errs: &mut Errors, r: raw::Identity) -> IdentitySettings {
                     .tier_claim
                     .unwrap_or_else(|| defaults::JWT_TIER_CLAIM.to_string()),
             }),
-            _ => {
+            other => {
+                let state = if other.is_ok() {
+                    "is empty"
+                } else {
+                    "is not set"
+                };
                 errs.at(
                     "identity.jwt.hs256_secret_env",
                     format!(
-                        "environment variable {} is not set (it must hold the HS256 secret)",
+                        "environment variable {} {state} (it must hold the HS256 secret)",
                         j.hs256_secret_env
                     ),
                 );
@@ -635,13 +738,25 @@ fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')
 }
 
+/// The methods a route may match.
+const STANDARD_METHODS: [Method; 9] = [
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::PATCH,
+    Method::OPTIONS,
+    Method::CONNECT,
+    Method::TRACE,
+];
+
 fn route(
     errs: &mut Errors,
     path: &str,
     r: &raw::Route,
     upstream_ids: &HashMap<String, usize>,
-) -> Option<Route> {
-    let before = errs.list.len();
+) -> Route {
     if r.name.is_empty() || !r.name.chars().all(is_name_char) {
         errs.at(
             &format!("{path}.name"),
@@ -663,12 +778,19 @@ fn route(
             .enumerate()
             .filter_map(|(i, m)| {
                 let upper = m.to_ascii_uppercase();
-                match Method::from_bytes(upper.as_bytes()) {
-                    Ok(m) => Some(m),
-                    Err(_) => {
+                match STANDARD_METHODS.iter().find(|s| s.as_str() == upper) {
+                    Some(m) => Some(m.clone()),
+                    None => {
                         errs.at(
                             &format!("{path}.match.methods[{i}]"),
-                            format!("{m:?} is not an HTTP method"),
+                            format!(
+                                "{m:?} is not an HTTP method ({})",
+                                STANDARD_METHODS
+                                    .iter()
+                                    .map(|m| m.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
                         );
                         None
                     }
@@ -684,22 +806,29 @@ fn route(
         );
     }
     let host = r.matcher.host.as_ref().map(|h| h.to_ascii_lowercase());
+    if let Some(h) = &host {
+        let bracketed_v6 = h.starts_with('[') && h.ends_with(']');
+        if h.is_empty() || h.contains('/') || (h.contains(':') && !bracketed_v6) {
+            errs.at(
+                &format!("{path}.match.host"),
+                format!("{h:?} must be a host name without scheme, port or path"),
+            );
+        }
+    }
     let cost = r.cost.unwrap_or(1);
     if cost == 0 {
         errs.at(&format!("{path}.cost"), "must be at least 1");
     }
-    if errs.list.len() > before {
-        return None;
-    }
-    Some(Route {
+    Route {
         name: r.name.as_str().into(),
         methods,
         path_prefix,
         host,
-        upstream: upstream?,
+        // A placeholder when undefined: the error above fails the whole config.
+        upstream: upstream.unwrap_or(0),
         cost,
         limits: Vec::new(),
-    })
+    }
 }
 
 struct LimitBuilder {
@@ -716,7 +845,7 @@ impl LimitBuilder {
         l: raw::Limit,
         default_key: &[KeyPart],
     ) -> Option<LimitId> {
-        let before = errs.list.len();
+        let before = errs.count();
         if l.name.is_empty() || !l.name.chars().all(is_name_char) {
             errs.at(
                 &format!("{path}.name"),
@@ -805,7 +934,7 @@ impl LimitBuilder {
             None => self.store_on_error,
             Some(s) => on_error(errs, &format!("{path}.on_error"), &s).unwrap_or(OnError::Allow),
         };
-        if errs.list.len() > before {
+        if errs.count() > before {
             return None;
         }
         let quota = Quota::new(algorithm, l.limit, window_ms).with_burst(burst);
@@ -872,7 +1001,7 @@ mod tests {
             vec![
                 "gateway.yaml: store.timeout: \"1x\" is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)",
                 "gateway.yaml: limits[0].limit: must be at least 1",
-                "gateway.yaml: limits[1]: unknown field `limt`, expected one of `name`, `key`, `algorithm`, `limit`, `window`, `burst`, `anonymous_only`, `shadow`, `on_error`, `routes`",
+                "gateway.yaml: limits[1].limt: unknown field `limt`, expected one of `name`, `key`, `algorithm`, `limit`, `window`, `burst`, `anonymous_only`, `shadow`, `on_error`, `routes`",
             ]
         );
     }

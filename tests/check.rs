@@ -1,0 +1,214 @@
+//! `tollgate check FILE` on one fixture per configuration mistake (tests/fixtures/config/),
+//! asserting the exit status and the exact output: `ok` for a valid file, otherwise every
+//! error, one per line, as `<path as passed>: <field.path>: <message>`.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const FIXTURES: &str = "tests/fixtures/config";
+
+/// Runs `tollgate check <path>` from the crate root, with a fixed environment for the JWT
+/// fixtures: TOLLGATE_TEST_JWT_SECRET set, TOLLGATE_TEST_EMPTY_SECRET empty,
+/// TOLLGATE_TEST_UNSET_SECRET absent.
+fn check(path: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check", path])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("TOLLGATE_TEST_JWT_SECRET", "test-secret")
+        .env("TOLLGATE_TEST_EMPTY_SECRET", "")
+        .env_remove("TOLLGATE_TEST_UNSET_SECRET")
+        .output()
+        .expect("run tollgate check")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `path` checks ok: exit 0 and stdout exactly "ok\n".
+fn assert_ok(path: &str) {
+    let out = check(path);
+    assert_eq!(
+        text(&out.stdout),
+        "ok\n",
+        "stdout of `tollgate check {path}` (stderr: {})",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "exit status of `tollgate check {path}`"
+    );
+}
+
+/// `path` fails with exactly these errors, in this order; each is `field.path: message` and
+/// gets the path as passed on the command line in front.
+fn assert_errors(path: &str, errors: &[&str]) {
+    let out = check(path);
+    let expected: String = errors.iter().map(|e| format!("{path}: {e}\n")).collect();
+    assert_eq!(
+        text(&out.stdout),
+        expected,
+        "stdout of `tollgate check {path}` (stderr: {})",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "exit status of `tollgate check {path}`"
+    );
+}
+
+/// One `#[test]` per fixture: `test_name => "file.yaml": [error lines without the path]`.
+macro_rules! fixtures {
+    ($($test:ident => $file:literal: [$($error:expr),* $(,)?]),* $(,)?) => {
+        /// Every fixture with errors that has a test below.
+        const ERROR_FIXTURES: &[&str] = &[$($file),*];
+        $(
+            #[test]
+            fn $test() {
+                assert_errors(&format!("{FIXTURES}/{}", $file), &[$($error),*]);
+            }
+        )*
+    };
+}
+
+fixtures! {
+    unknown_section => "unknown-section.yaml": [
+        "limit: unknown section, expected one of server, store, identity, tiers, api_keys, default_tier, upstreams, routes, limits, headers",
+    ],
+    misspelled_limit_key => "misspelled-limit-key.yaml": [
+        "limits[0].limt: unknown field `limt`, expected one of `name`, `key`, `algorithm`, `limit`, `window`, `burst`, `anonymous_only`, `shadow`, `on_error`, `routes`",
+    ],
+    zero_limit => "zero-limit.yaml": [
+        "limits[0].limit: must be at least 1",
+    ],
+    bad_duration => "bad-duration.yaml": [
+        r#"routes[0].limits[0].window: "1x" is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)"#,
+    ],
+    undefined_upstream => "undefined-upstream.yaml": [
+        r#"routes[0].upstream: upstream "backnd" is not defined under upstreams"#,
+    ],
+    undefined_tier_in_api_keys => "undefined-tier-api-key.yaml": [
+        // The key itself is a secret: only its first four characters are shown.
+        r#"api_keys.demo…: tier "pro" is not defined under tiers"#,
+    ],
+    undefined_default_tier => "undefined-default-tier.yaml": [
+        r#"default_tier: tier "basic" is not defined under tiers"#,
+    ],
+    undefined_route_in_limit => "undefined-route-in-limit.yaml": [
+        r#"limits[0].routes[1]: route "signup" is not defined under routes"#,
+    ],
+    duplicate_limit_name_across_tier_and_route => "duplicate-limit-name.yaml": [
+        r#"routes[0].limits[0].name: duplicate limit name "per-minute" (limit names are unique across tiers, routes and limits)"#,
+    ],
+    duplicate_route_name => "duplicate-route-name.yaml": [
+        r#"routes[1].name: duplicate route name "api""#,
+    ],
+    duplicate_tier_name => "duplicate-tier-name.yaml": [
+        r#"line 2 column 3: invalid YAML: tiers: duplicate entry with key "free""#,
+    ],
+    bad_algorithm => "bad-algorithm.yaml": [
+        r#"limits[0].algorithm: "leaky_bucket" is not an algorithm (sliding_window, fixed_window, sliding_log, token_bucket, gcra)"#,
+    ],
+    burst_on_fixed_window => "burst-on-fixed-window.yaml": [
+        "limits[0].burst: applies only to token_bucket and gcra, not fixed_window",
+    ],
+    bad_key_part => "bad-key-part.yaml": [
+        r#"limits[0].key[1]: "ip" is not a key part (api_key, user, client_ip, route, method, tier, header:<name>)"#,
+    ],
+    bad_on_error => "bad-on-error.yaml": [
+        r#"limits[0].on_error: "ignore" is not a failure policy (allow, deny, local)"#,
+    ],
+    path_prefix_without_slash => "path-prefix-without-slash.yaml": [
+        r#"routes[0].match.path_prefix: "api/v1/orders" must start with '/'"#,
+    ],
+    bad_method => "bad-method.yaml": [
+        r#"routes[0].match.methods[1]: "PSOT" is not an HTTP method (GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, CONNECT, TRACE)"#,
+    ],
+    host_with_port => "host-with-port.yaml": [
+        r#"routes[0].match.host: "api.example.com:8443" must be a host name without scheme, port or path"#,
+    ],
+    bad_trusted_proxy => "bad-trusted-proxy.yaml": [
+        r#"identity.trusted_proxies[1]: "10.0.0.0/33" is not an IP address or CIDR network"#,
+    ],
+    jwt_secret_env_not_set => "jwt-secret-unset.yaml": [
+        "identity.jwt.hs256_secret_env: environment variable TOLLGATE_TEST_UNSET_SECRET is not set (it must hold the HS256 secret)",
+    ],
+    jwt_secret_env_empty => "jwt-secret-empty.yaml": [
+        "identity.jwt.hs256_secret_env: environment variable TOLLGATE_TEST_EMPTY_SECRET is empty (it must hold the HS256 secret)",
+    ],
+    missing_upstreams => "missing-upstreams.yaml": [
+        "upstreams: missing: define at least one upstream",
+        r#"routes[0].upstream: upstream "backend" is not defined under upstreams"#,
+    ],
+    missing_routes => "missing-routes.yaml": [
+        "routes: missing: define at least one route",
+    ],
+    empty_routes => "empty-routes.yaml": [
+        "routes: empty: define at least one route",
+    ],
+    yaml_syntax_error => "yaml-syntax-error.yaml": [
+        // Where the parser gave up (end of file) and where the unclosed `{` is.
+        "line 4 column 1: invalid YAML: did not find expected ',' or '}', while parsing a flow mapping at line 3 column 5",
+    ],
+    wrong_type => "wrong-type.yaml": [
+        r#"limits[0].limit: invalid type: string "ten", expected u64"#,
+    ],
+    route_error_does_not_hide_its_limit_errors => "route-error-hides-limit-error.yaml": [
+        r#"routes[0].upstream: upstream "backnd" is not defined under upstreams"#,
+        r#"routes[0].limits[0].window: "1x" is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)"#,
+    ],
+    route_error_does_not_make_the_route_undefined => "route-error-no-cascade.yaml": [
+        r#"routes[0].upstream: upstream "backnd" is not defined under upstreams"#,
+    ],
+    several_mistakes_all_reported_in_file_order => "several-mistakes.yaml": [
+        r#"server.listen: "0.0.0.0:80800" is not an address (ip:port)"#,
+        r#"store.timeout: "1x" is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)"#,
+        r#"identity.trusted_proxies[0]: "localhost" is not an IP address or CIDR network"#,
+        "tiers.free[0].limit: must be at least 1",
+        r#"api_keys.demo…: tier "pro" is not defined under tiers"#,
+        r#"default_tier: tier "basic" is not defined under tiers"#,
+        r#"routes[0].limits[0].window: "1x" is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)"#,
+        r#"routes[1].upstream: upstream "backnd" is not defined under upstreams"#,
+        r#"limits[0].algorithm: "leaky_bucket" is not an algorithm (sliding_window, fixed_window, sliding_log, token_bucket, gcra)"#,
+        r#"headers.ietf: invalid type: string "maybe", expected a boolean"#,
+    ],
+}
+
+#[test]
+fn valid_full_config_checks_ok() {
+    assert_ok(&format!("{FIXTURES}/valid-full.yaml"));
+}
+
+#[test]
+fn bundled_gateway_yaml_checks_ok() {
+    assert_ok("gateway.yaml");
+}
+
+#[test]
+fn nonexistent_file_is_named() {
+    assert_errors(
+        &format!("{FIXTURES}/does-not-exist.yaml"),
+        &["cannot read: No such file or directory (os error 2)"],
+    );
+}
+
+/// A fixture added to the directory without a test here would silently test nothing.
+#[test]
+fn every_fixture_has_a_test() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURES);
+    let mut untested: Vec<String> = std::fs::read_dir(&dir)
+        .expect("read fixture directory")
+        .map(|e| {
+            e.expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|name| name.ends_with(".yaml"))
+        .filter(|name| name != "valid-full.yaml" && !ERROR_FIXTURES.contains(&name.as_str()))
+        .collect();
+    untested.sort();
+    assert!(untested.is_empty(), "fixtures without a test: {untested:?}");
+}
