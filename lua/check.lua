@@ -12,23 +12,36 @@ else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local out, writes, admit = {}, {}, true
-for i = 1, #KEYS do
-  local a = 2 + (i - 1) * 6
-  local alg, limit, w, burst, cost, shadow =
-    tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
-    tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), ARGV[a + 5] == '1'
-  local allowed, remaining, reset, retry, write = ALG[alg](KEYS[i], now, limit, w, burst, cost)
+local n = #KEYS
+if n == 1 then
+  -- One limit: decide and write in one step.
+  local cost = tonumber(ARGV[6])
+  local allowed, remaining, reset, retry, op, key, a, b, ttl = ALG[tonumber(ARGV[2])](
+    KEYS[1], now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), cost)
   if allowed == 1 then
-    writes[#writes + 1] = write
-  elseif not shadow then
-    admit = false
+    apply(op, key, a, b, ttl, now, cost)
+    return { 1, remaining, reset, 0, 1 }
+  end
+  return { 0, remaining, reset, math.max(retry, 1), ARGV[7] == '1' and 1 or 0 }
+end
+local out, writes, admit = {}, {}, true
+for i = 1, n do
+  local j = 2 + (i - 1) * 6
+  local cost = tonumber(ARGV[j + 4])
+  local allowed, remaining, reset, retry, op, key, a, b, ttl = ALG[tonumber(ARGV[j])](
+    KEYS[i], now, tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]), cost)
+  if allowed == 1 then
+    writes[#writes + 1] = { op, key, a, b, ttl, cost }
+    retry = 0
+  else
+    retry = math.max(retry, 1)
+    if ARGV[j + 5] ~= '1' then admit = false end
   end
   local o = (i - 1) * 4
-  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed, remaining, reset, math.max(retry, allowed == 1 and 0 or 1)
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed, remaining, reset, retry
 end
 if admit then
-  for _, write in ipairs(writes) do write() end
+  for _, w in ipairs(writes) do apply(w[1], w[2], w[3], w[4], w[5], now, w[6]) end
 end
-out[#out + 1] = admit and 1 or 0
+out[n * 4 + 1] = admit and 1 or 0
 return out

@@ -6,13 +6,7 @@ ALG[2] = function(base, now, limit, w, burst, cost)
   local count = tonumber(redis.call('GET', key) or '0')
   local reset = start + w - now
   if count + cost <= limit then
-    return 1, limit - count - cost, reset, 0, function()
-      if count == 0 then
-        redis.call('SET', key, cost, 'PX', int(start + w - now + SLACK))
-      else
-        redis.call('INCRBY', key, cost)
-      end
-    end
+    return 1, limit - count - cost, reset, 0, COUNTER, key, count, false, start + w - now
   end
-  return 0, math.max(limit - count, 0), reset, reset, nil
+  return 0, math.max(limit - count, 0), reset, reset
 end

@@ -11,11 +11,9 @@ ALG[5] = function(base, now, limit, w, burst, cost)
   local new_tat = tat + cost * t
   if new_tat - now_us <= tolerance then
     local ttl = cdiv(new_tat - now_us, 1000)
-    return 1, idiv(tolerance - (new_tat - now_us), t), ttl, 0, function()
-      redis.call('SET', base, int(new_tat), 'PX', int(math.max(ttl, 1) + SLACK))
-    end
+    return 1, idiv(tolerance - (new_tat - now_us), t), ttl, 0, VALUE, base, int(new_tat), false, math.max(ttl, 1)
   end
   local retry = w
   if cost * t <= tolerance then retry = cdiv(new_tat - now_us - tolerance, 1000) end
-  return 0, idiv(math.max(tolerance - (tat - now_us), 0), t), cdiv(tat - now_us, 1000), retry, nil
+  return 0, idiv(math.max(tolerance - (tat - now_us), 0), t), cdiv(tat - now_us, 1000), retry
 end

@@ -26,3 +26,26 @@ end
 local function int(x)
   return string.format('%d', x)
 end
+
+-- What an admitting check writes, applied only once every enforcing limit admits. Each
+-- algorithm returns its decision followed by (op, key, a, b, ttl):
+--   COUNTER: a counter now at `a`: SET key cost PX ttl when a == 0, else INCRBY key cost
+--   VALUE:   SET key a PX ttl
+--   LOG:     sorted-set member "<now>:<b>" at score now, replacing member `a` unless false
+local COUNTER, VALUE, LOG = 1, 2, 3
+
+local function apply(op, key, a, b, ttl, now, cost)
+  if op == COUNTER then
+    if a == 0 then
+      redis.call('SET', key, cost, 'PX', int(ttl + SLACK))
+    else
+      redis.call('INCRBY', key, cost)
+    end
+  elseif op == VALUE then
+    redis.call('SET', key, a, 'PX', int(ttl + SLACK))
+  else
+    if a then redis.call('ZREM', key, a) end
+    redis.call('ZADD', key, int(now), int(now) .. ':' .. int(b))
+    redis.call('PEXPIRE', key, int(ttl + SLACK))
+  end
+end

@@ -11,15 +11,11 @@ ALG[3] = function(base, now, limit, w, burst, cost)
   end
   local n = #entries
   if used + cost <= limit then
-    return 1, limit - used - cost, w, 0, function()
-      if n > 0 and times[n] == now then
-        redis.call('ZREM', base, entries[n])
-        redis.call('ZADD', base, int(now), int(now) .. ':' .. int(costs[n] + cost))
-      else
-        redis.call('ZADD', base, int(now), int(now) .. ':' .. int(cost))
-      end
-      redis.call('PEXPIRE', base, w + SLACK)
+    -- Requests in the same millisecond share one member: replace it with the summed cost.
+    if n > 0 and times[n] == now then
+      return 1, limit - used - cost, w, 0, LOG, base, entries[n], costs[n] + cost, w
     end
+    return 1, limit - used - cost, w, 0, LOG, base, false, cost, w
   end
   local last = now
   if n > 0 then last = times[n] end
@@ -36,5 +32,5 @@ ALG[3] = function(base, now, limit, w, burst, cost)
       end
     end
   end
-  return 0, math.max(limit - used, 0), reset, retry, nil
+  return 0, math.max(limit - used, 0), reset, retry
 end

@@ -9,13 +9,7 @@ ALG[1] = function(base, now, limit, w, burst, cost)
   local est = prev * (w - elapsed) + cur * w
   local need, capacity = cost * w, limit * w
   if est + need <= capacity then
-    return 1, idiv(capacity - est - need, w), 2 * w - elapsed, 0, function()
-      if cur == 0 then
-        redis.call('SET', cur_key, cost, 'PX', int(start + 2 * w - now + SLACK))
-      else
-        redis.call('INCRBY', cur_key, cost)
-      end
-    end
+    return 1, idiv(capacity - est - need, w), 2 * w - elapsed, 0, COUNTER, cur_key, cur, false, start + 2 * w - now
   end
   local to_end = w - elapsed
   local retry
@@ -28,5 +22,5 @@ ALG[1] = function(base, now, limit, w, burst, cost)
   end
   local reset = to_end
   if cur > 0 then reset = to_end + w end
-  return 0, idiv(math.max(capacity - est, 0), w), reset, retry, nil
+  return 0, idiv(math.max(capacity - est, 0), w), reset, retry
 end

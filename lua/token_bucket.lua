@@ -13,11 +13,9 @@ ALG[4] = function(base, now, limit, w, burst, cost)
   if tokens >= need then
     local left = tokens - need
     local reset = cdiv(capacity - left, limit)
-    return 1, idiv(left, w), reset, 0, function()
-      redis.call('SET', base, int(left) .. ':' .. int(now), 'PX', int(math.max(reset, 1) + SLACK))
-    end
+    return 1, idiv(left, w), reset, 0, VALUE, base, int(left) .. ':' .. int(now), false, math.max(reset, 1)
   end
   local retry = w
   if need <= capacity then retry = cdiv(need - tokens, limit) end
-  return 0, idiv(tokens, w), cdiv(capacity - tokens, limit), retry, nil
+  return 0, idiv(tokens, w), cdiv(capacity - tokens, limit), retry
 end

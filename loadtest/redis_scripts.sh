@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Server cost of each algorithm's script, and how close one gateway process gets to the Redis
+# ceiling. Starts its own redis-server on a free loopback port (pinned to core 0), stops it
+# at the end. Prints, per algorithm:
+#   usec_per_call  EVALSHA time inside Redis (INFO commandstats) under redis-benchmark
+#   redis_bench    decisions/s of redis-benchmark EVALSHA (50 clients, pipeline 1)
+#   gateway_store  decisions/s of one tollgate process (examples/store_throughput, core 1)
+#   ratio          gateway_store / redis_bench, measured in the same run
+# Usage: loadtest/redis_scripts.sh [seconds-per-run] [requests-for-redis-benchmark]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-8}
+n=${2:-300000}
+command -v redis-server >/dev/null || { echo "needs redis-server and redis-tools (scripts/setup.sh)" >&2; exit 1; }
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+dir=$(mktemp -d)
+taskset -c 0 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null &
+redis_pid=$!
+trap 'kill $redis_pid 2>/dev/null; rm -rf "$dir"' EXIT
+cli() { redis-cli -p "$port" "$@"; }
+for _ in $(seq 50); do [ "$(cli PING 2>/dev/null)" = PONG ] && break; sleep 0.1; done
+
+cargo build --release --quiet --example store_throughput
+script=$(cat lua/prelude.lua lua/sliding_window.lua lua/fixed_window.lua lua/sliding_log.lua lua/token_bucket.lua lua/gcra.lua lua/check.lua)
+sha=$(cli SCRIPT LOAD "$script")
+printf '%-15s %14s %14s %14s %7s\n' algorithm usec_per_call redis_bench gateway_store ratio
+code=0
+for alg in sliding_window fixed_window sliding_log token_bucket gcra; do
+  code=$((code + 1))
+  cli FLUSHALL >/dev/null; cli CONFIG RESETSTAT >/dev/null
+  # One limit of 1,000,000 per minute on 10,000 random keys: nearly every call admits and writes.
+  out=$(taskset -c 1 redis-benchmark -p "$port" -c 50 -n "$n" -r 10000 -q \
+        EVALSHA "$sha" 1 "{bench:$alg:__rand_int__}" "" "$code" 1000000 60000 1000000 1 0 2>/dev/null | tr '\r' '\n' | grep -E 'requests per second' | tail -1)
+  rb=$(echo "$out" | grep -oE '[0-9]+(\.[0-9]+)? requests per second' | grep -oE '^[0-9.]+')
+  usec=$(cli INFO commandstats | grep -E '^cmdstat_evalsha:' | sed -E 's/.*usec_per_call=([0-9.]+).*/\1/')
+  cli FLUSHALL >/dev/null
+  gw=$(taskset -c 1 target/release/examples/store_throughput "redis://127.0.0.1:$port" "$alg" "$secs" 64 | sed -E 's/.*decisions_per_s=([0-9]+).*/\1/')
+  ratio=$(python3 -c "print(f'{$gw/$rb:.2f}')")
+  printf '%-15s %14s %14.0f %14s %7s\n' "$alg" "$usec" "$rb" "$gw" "$ratio"
+done
