@@ -14,7 +14,10 @@ use tollgate::store::{Check, CounterKey, RedisStore, Store, Topology};
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let url = args.get(1).cloned().unwrap_or_else(|| "redis://127.0.0.1:6379".into());
+    let url = args
+        .get(1)
+        .cloned()
+        .unwrap_or_else(|| "redis://127.0.0.1:6379".into());
     let algorithm: Algorithm = args
         .get(2)
         .map_or(Ok(Algorithm::SlidingWindow), |a| a.parse())
@@ -22,9 +25,14 @@ async fn main() {
     let seconds: u64 = args.get(3).map_or(10, |s| s.parse().expect("seconds"));
     let concurrency: usize = args.get(4).map_or(64, |s| s.parse().expect("concurrency"));
 
-    let store = Arc::new(Store::Redis(
-        RedisStore::new(Topology::Single { url }, "bench", Duration::from_millis(500)).expect("store"),
-    ));
+    let store = Arc::new(Store::Redis(Box::new(
+        RedisStore::new(
+            Topology::Single { url },
+            "bench",
+            Duration::from_millis(500),
+        )
+        .expect("store"),
+    )));
     let quota = Quota::new(algorithm, 1_000_000, 60_000);
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -37,7 +45,9 @@ async fn main() {
                 let mut out = Vec::new();
                 let mut i: u64 = t as u64;
                 while Instant::now() < deadline {
-                    i = i.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    i = i
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     let key = (i >> 33) % 10_000;
                     let check = Check {
                         name: "bench".into(),

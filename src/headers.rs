@@ -51,7 +51,12 @@ pub fn apply(cfg: &Config, id: LimitId, d: &Decision, now_ms: u64, resp: &mut Re
     if cfg.headers.legacy {
         let _ = resp.insert_header("x-ratelimit-limit", d.limit);
         let _ = resp.insert_header("x-ratelimit-remaining", d.remaining);
-        let _ = resp.insert_header("x-ratelimit-reset", now_ms.div_ceil(1000) + t);
+        let ms = if d.allowed {
+            d.reset_after_ms
+        } else {
+            d.retry_after_ms
+        };
+        let _ = resp.insert_header("x-ratelimit-reset", (now_ms + ms).div_ceil(1000));
     }
     if !d.allowed {
         let _ = resp.insert_header("retry-after", t);

@@ -71,6 +71,8 @@ pub fn identify(cfg: &Config, headers: &HeaderMap, peer: IpAddr) -> Result<Calle
             let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);
             validation.required_spec_claims.clear();
             validation.validate_exp = true;
+            validation.validate_nbf = true;
+            validation.leeway = jwt.leeway_s;
             let data = jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(
                 token,
                 &jwt.key,

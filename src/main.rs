@@ -57,6 +57,10 @@ fn run(args: RunArgs) -> ExitCode {
         }
     };
     let handle = Arc::new(ConfigHandle::new(cfg, path, overrides));
+    if let Err(e) = handle.catch_sighup() {
+        eprintln!("tollgate: cannot catch SIGHUP: {e}");
+        return ExitCode::FAILURE;
+    }
     match tollgate::server::run(handle) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -206,6 +206,8 @@ impl ProxyHttp for Gateway {
             },
         };
         if code > 0 && session.response_written().is_none() {
+            // The connection is not reused after this (see below): say so.
+            session.set_keepalive(None);
             let (title, detail) = match code {
                 502 => (
                     "Bad Gateway",

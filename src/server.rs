@@ -92,10 +92,10 @@ pub fn run(config: Arc<ConfigHandle>) -> Result<(), StartError> {
 
     let store = Arc::new(match &cfg.store.redis {
         None => Store::Memory(MemoryStore::new(cfg.store.max_keys)),
-        Some(t) => Store::Redis(
+        Some(t) => Store::Redis(Box::new(
             RedisStore::new(t.clone(), &cfg.store.key_prefix, cfg.store.timeout)
                 .map_err(StartError::Store)?,
-        ),
+        )),
     });
     let gateway = Gateway {
         config: config.clone(),

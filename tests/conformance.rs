@@ -51,7 +51,7 @@ fn stores(redis: &RedisServer, prefix: &str) -> (Store, Store) {
     )
     .expect("redis store")
     .with_explicit_time();
-    (memory, Store::Redis(r))
+    (memory, Store::Redis(Box::new(r)))
 }
 
 async fn both(

@@ -128,6 +128,8 @@ pub struct JwtSettings {
     pub key: jsonwebtoken::DecodingKey,
     pub user_claim: String,
     pub tier_claim: String,
+    /// Seconds of clock skew allowed for `exp` and `nbf`.
+    pub leeway_s: u64,
 }
 
 impl std::fmt::Debug for JwtSettings {

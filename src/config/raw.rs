@@ -55,6 +55,8 @@ pub struct Jwt {
     pub hs256_secret_env: String,
     pub user_claim: Option<String>,
     pub tier_claim: Option<String>,
+    /// Clock skew allowed when checking `exp` and `nbf` (default 0s).
+    pub leeway: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -6,7 +6,7 @@
 //! [`ConfigHandle::snapshot`].
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +16,8 @@ use super::{load, Config, ConfigErrors, Overrides};
 
 /// How often the file is compared with what was last loaded.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a received SIGHUP is looked for.
+pub const SIGNAL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The live configuration and where it came from.
 pub struct ConfigHandle {
@@ -26,6 +28,8 @@ pub struct ConfigHandle {
     last_seen: AtomicU64,
     /// Successful reloads since start.
     pub generation: AtomicU64,
+    /// Set by the SIGHUP handler, cleared by the watcher.
+    hup: Arc<AtomicBool>,
 }
 
 impl ConfigHandle {
@@ -40,7 +44,14 @@ impl ConfigHandle {
             overrides,
             last_seen: AtomicU64::new(last_seen),
             generation: AtomicU64::new(0),
+            hup: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Catch SIGHUP from now on (its default action would end the process). Call this as
+    /// early as possible; [`ConfigHandle::watch`] acts on it.
+    pub fn catch_sighup(&self) -> std::io::Result<()> {
+        signal_hook::flag::register(signal_hook::consts::SIGHUP, self.hup.clone()).map(drop)
     }
 
     /// The config a request runs on, from start to end.
@@ -99,21 +110,20 @@ impl ConfigHandle {
 
     /// Runs until `shutdown` resolves: reloads on SIGHUP and on file change.
     pub async fn watch(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::error!("cannot listen for SIGHUP: {e}");
-                None
-            }
-        };
-        let mut tick = tokio::time::interval(POLL_INTERVAL);
+        let mut tick = tokio::time::interval(SIGNAL_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let polls_per_check = (POLL_INTERVAL.as_millis() / SIGNAL_INTERVAL.as_millis()).max(1);
+        let mut n: u128 = 0;
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = tick.tick() => self.reload_if_changed(),
-                Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => {
-                    self.reload_logged("SIGHUP");
+                _ = tick.tick() => {
+                    n += 1;
+                    if self.hup.swap(false, Ordering::Relaxed) {
+                        self.reload_logged("SIGHUP");
+                    } else if n % polls_per_check == 0 {
+                        self.reload_if_changed();
+                    }
                 }
             }
         }

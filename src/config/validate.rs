@@ -695,6 +695,11 @@ fn identity_settings(errs: &mut Errors, r: raw::Identity) -> IdentitySettings {
         }
     }
     let jwt = r.jwt.and_then(|j| {
+        let leeway_s = j
+            .leeway
+            .as_deref()
+            .and_then(|l| duration(errs, "identity.jwt.leeway", l))
+            .map_or(0, |d| d.as_secs());
         let header = j
             .header
             .and_then(|h| header_name(errs, "identity.jwt.header", &h))
@@ -709,6 +714,7 @@ fn identity_settings(errs: &mut Errors, r: raw::Identity) -> IdentitySettings {
                 tier_claim: j
                     .tier_claim
                     .unwrap_or_else(|| defaults::JWT_TIER_CLAIM.to_string()),
+                leeway_s,
             }),
             other => {
                 let state = if other.is_ok() {

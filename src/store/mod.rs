@@ -42,7 +42,7 @@ pub enum StoreError {
 /// path stays a direct call.
 pub enum Store {
     Memory(MemoryStore),
-    Redis(RedisStore),
+    Redis(Box<RedisStore>),
 }
 
 impl Store {
