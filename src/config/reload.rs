@@ -121,7 +121,7 @@ impl ConfigHandle {
                     n += 1;
                     if self.hup.swap(false, Ordering::Relaxed) {
                         self.reload_logged("SIGHUP");
-                    } else if n % polls_per_check == 0 {
+                    } else if n.is_multiple_of(polls_per_check) {
                         self.reload_if_changed();
                     }
                 }
