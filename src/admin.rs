@@ -49,6 +49,7 @@ impl ServeHttp for Admin {
                         "config": cfg.source,
                         "config_generation": self.config.generation.load(std::sync::atomic::Ordering::Relaxed),
                         "store": if store_ok { "ok" } else { "unreachable" },
+                        "store_status": self.store.status(),
                     }),
                 )
             }

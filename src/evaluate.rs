@@ -10,7 +10,7 @@ use http::{HeaderMap, Method};
 use crate::config::{Config, KeyPart, Limit, LimitId, OnError, Route};
 use crate::identity::Caller;
 use crate::limit::Decision;
-use crate::store::{Check, CounterKey, Store, StoreError};
+use crate::store::{Check, CounterKey, Store};
 
 /// The outcome for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +32,30 @@ pub struct Report {
     pub shadow_denied: Vec<LimitId>,
     /// Set when the store failed and the failure policies decided.
     pub store_error: Option<String>,
+    /// Which failure policy decided, when one did.
+    pub degraded: Option<Degraded>,
+}
+
+/// The failure policy that decided a request while the store could not answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Degraded {
+    /// Limits failed open.
+    Allow,
+    /// The local fallback limiter decided (`on_error: local`).
+    Local,
+    /// A limit failed closed.
+    Deny,
+}
+
+impl Degraded {
+    /// The `Tollgate-Degraded` header value.
+    pub fn header_value(self) -> &'static str {
+        match self {
+            Degraded::Allow => "store-unavailable; policy=allow",
+            Degraded::Local => "store-unavailable; policy=local",
+            Degraded::Deny => "store-unavailable; policy=deny",
+        }
+    }
 }
 
 /// The limits of `route` and of the caller's tier that apply to this caller, with their keys.
@@ -116,10 +140,22 @@ pub async fn decide(
         return (Verdict::Allow { decisive: None }, report);
     }
     if let Err(e) = store.check(checks, now, decisions).await {
-        return (on_store_error(cfg, ids, &e, &mut report), report);
+        report.store_error = Some(e.to_string());
+        let verdict = on_store_error(cfg, store, ids, checks, now, decisions, &mut report);
+        return (verdict, report);
     }
+    let verdict = most_restrictive(ids, checks, decisions, &mut report);
+    (verdict, report)
+}
+
+fn most_restrictive(
+    ids: &[LimitId],
+    checks: &[Check],
+    decisions: &[Decision],
+    report: &mut Report,
+) -> Verdict {
     let mut decisive: Option<(LimitId, Decision)> = None;
-    for ((&id, c), d) in ids.iter().zip(checks).zip(decisions.iter()) {
+    for ((&id, c), d) in ids.iter().zip(checks).zip(decisions) {
         if c.shadow {
             if !d.allowed {
                 report.shadow_denied.push(id);
@@ -130,21 +166,50 @@ pub async fn decide(
             decisive = Some((id, *d));
         }
     }
-    let verdict = match decisive {
+    match decisive {
         Some((limit, decision)) if !decision.allowed => Verdict::Deny { limit, decision },
         _ => Verdict::Allow { decisive },
-    };
-    (verdict, report)
+    }
 }
 
-fn on_store_error(cfg: &Config, ids: &[LimitId], e: &StoreError, report: &mut Report) -> Verdict {
-    report.store_error = Some(e.to_string());
+/// The store could not answer: each limit's `on_error` decides. A `deny` limit makes the
+/// request 503; `local` limits are checked on the in-process fallback limiter with their
+/// `local_quota`; `allow` limits are skipped.
+fn on_store_error(
+    cfg: &Config,
+    store: &Store,
+    ids: &[LimitId],
+    checks: &[Check],
+    now: u64,
+    decisions: &mut Vec<Decision>,
+    report: &mut Report,
+) -> Verdict {
     for &id in ids {
         let l = cfg.limit(id);
         if !l.shadow && l.on_error == OnError::Deny {
+            report.degraded = Some(Degraded::Deny);
             return Verdict::Unavailable { limit: id };
         }
     }
-    // `allow` and (until a local limiter exists for this store) `local` fail open.
-    Verdict::Allow { decisive: None }
+    let (local_ids, local_checks): (Vec<LimitId>, Vec<Check>) = ids
+        .iter()
+        .zip(checks)
+        .filter(|(&id, _)| cfg.limit(id).on_error == OnError::Local)
+        .map(|(&id, c)| {
+            let mut c = c.clone();
+            c.quota = cfg.limit(id).local_quota;
+            (id, c)
+        })
+        .unzip();
+    match store.fallback() {
+        Some(fallback) if !local_checks.is_empty() => {
+            report.degraded = Some(Degraded::Local);
+            fallback.check(&local_checks, now, decisions);
+            most_restrictive(&local_ids, &local_checks, decisions, report)
+        }
+        _ => {
+            report.degraded = Some(Degraded::Allow);
+            Verdict::Allow { decisive: None }
+        }
+    }
 }

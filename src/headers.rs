@@ -22,6 +22,9 @@ pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-type
 pub const REDUCED_CAPACITY: &str =
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
+/// Set on responses decided under a store failure policy: `store-unavailable; policy=local`.
+pub const DEGRADED: &str = "tollgate-degraded";
+
 /// Seconds for `t` and `Retry-After`.
 pub fn seconds(d: &Decision) -> u64 {
     let ms = if d.allowed {

@@ -18,7 +18,7 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::config::reload::ConfigHandle;
 use crate::config::{Config, LimitId};
-use crate::evaluate::{applicable, decide, Verdict};
+use crate::evaluate::{applicable, decide, Degraded, Verdict};
 use crate::headers;
 use crate::identity::{identify, IdentityError};
 use crate::limit::{Clock, Decision};
@@ -43,6 +43,7 @@ pub struct RequestCtx {
     route: Option<usize>,
     peer: Option<IpAddr>,
     decisive: Option<(LimitId, Decision)>,
+    degraded: Option<Degraded>,
     now_ms: u64,
 }
 
@@ -121,26 +122,26 @@ impl ProxyHttp for Gateway {
             tracing::info!(limit = %cfg.limit(id).name, client_ip = %caller.client_ip, "shadow limit would deny");
         }
         if let Some(e) = &report.store_error {
-            tracing::warn!(error = %e, "store failed; failure policies applied");
+            // Breaker transitions are logged at warn by the store; this is per request.
+            tracing::debug!(error = %e, "store failed; failure policies applied");
         }
+        ctx.degraded = report.degraded;
 
         // 4. Answer or proceed.
-        match verdict {
+        let mut answer = match verdict {
             Verdict::Allow { decisive } => {
                 ctx.decisive = decisive;
-                Ok(false)
+                return Ok(false);
             }
-            Verdict::Deny { limit, decision } => {
-                respond(session, headers::rate_limited(&cfg, limit, &decision, now)).await
-            }
+            Verdict::Deny { limit, decision } => headers::rate_limited(&cfg, limit, &decision, now),
             Verdict::Unavailable { limit } => {
-                respond(
-                    session,
-                    headers::store_unavailable(&cfg, limit, STORE_DOWN_RETRY_AFTER_S),
-                )
-                .await
+                headers::store_unavailable(&cfg, limit, STORE_DOWN_RETRY_AFTER_S)
             }
+        };
+        if let Some(d) = report.degraded {
+            let _ = answer.0.insert_header(headers::DEGRADED, d.header_value());
         }
+        respond(session, answer).await
     }
 
     async fn upstream_peer(
@@ -184,6 +185,9 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         if let (Some(cfg), Some((id, d))) = (&ctx.config, &ctx.decisive) {
             headers::apply(cfg, *id, d, ctx.now_ms, upstream_response);
+        }
+        if let Some(d) = ctx.degraded {
+            upstream_response.insert_header(headers::DEGRADED, d.header_value())?;
         }
         Ok(())
     }

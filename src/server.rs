@@ -94,7 +94,8 @@ pub fn run(config: Arc<ConfigHandle>) -> Result<(), StartError> {
         None => Store::Memory(MemoryStore::new(cfg.store.max_keys)),
         Some(t) => Store::Redis(Box::new(
             RedisStore::new(t.clone(), &cfg.store.key_prefix, cfg.store.timeout)
-                .map_err(StartError::Store)?,
+                .map_err(StartError::Store)?
+                .with_breaker(cfg.store.breaker),
         )),
     });
     let gateway = Gateway {

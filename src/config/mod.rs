@@ -113,6 +113,8 @@ pub struct StoreSettings {
     pub key_prefix: String,
     pub on_error: OnError,
     pub max_keys: usize,
+    pub breaker: crate::store::breaker::BreakerSettings,
+    pub local_share: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -164,6 +166,8 @@ pub struct Limit {
     pub anonymous_only: bool,
     pub shadow: bool,
     pub on_error: OnError,
+    /// The quota on the local fallback limiter (`limit × store.local_share`, at least 1).
+    pub local_quota: Quota,
     /// Pre-built `RateLimit-Policy` item: `"name";q=100;w=60`.
     pub policy_header: HeaderValue,
     /// The window as written in the file (`1m`), for problem details.

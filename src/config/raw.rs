@@ -31,6 +31,20 @@ pub struct Store {
     pub cluster_nodes: Option<Vec<String>>,
     /// `redis_sentinel`: the master's name and the sentinels.
     pub sentinel: Option<Sentinel>,
+    /// Circuit breaker in front of Redis.
+    pub breaker: Option<Breaker>,
+    /// `on_error: local` limits admit `limit × local_share` on the local fallback limiter.
+    pub local_share: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Breaker {
+    pub failures: Option<u32>,
+    pub failure_ratio: Option<f64>,
+    pub min_calls: Option<u32>,
+    pub window: Option<String>,
+    pub cooldown: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

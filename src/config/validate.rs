@@ -265,6 +265,7 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
         limits: Vec::new(),
         names: HashSet::new(),
         store_on_error: store.on_error,
+        local_share: store.local_share,
     };
 
     // Tiers.
@@ -656,9 +657,57 @@ fn store_settings(errs: &mut Errors, r: raw::Store, o: &Overrides) -> StoreSetti
         Some(n) => n,
         None => defaults::MAX_KEYS,
     };
+    let d = crate::store::breaker::BreakerSettings::default();
+    let breaker = match r.breaker {
+        None => d,
+        Some(b) => {
+            let failures = b.failures.unwrap_or(d.failures);
+            if failures == 0 {
+                errs.at("store.breaker.failures", "must be at least 1");
+            }
+            let failure_ratio = b.failure_ratio.unwrap_or(d.failure_ratio);
+            if !(failure_ratio > 0.0 && failure_ratio <= 1.0) {
+                errs.at(
+                    "store.breaker.failure_ratio",
+                    format!("{failure_ratio} must be greater than 0 and at most 1"),
+                );
+            }
+            let min_calls = b.min_calls.unwrap_or(d.min_calls);
+            if min_calls == 0 {
+                errs.at("store.breaker.min_calls", "must be at least 1");
+            }
+            let window = b
+                .window
+                .and_then(|w| duration(errs, "store.breaker.window", &w))
+                .unwrap_or(d.window);
+            let cooldown = b
+                .cooldown
+                .and_then(|w| duration(errs, "store.breaker.cooldown", &w))
+                .unwrap_or(d.cooldown);
+            if window.is_zero() {
+                errs.at("store.breaker.window", "must be greater than zero");
+            }
+            crate::store::breaker::BreakerSettings {
+                failures,
+                failure_ratio,
+                min_calls,
+                window,
+                cooldown,
+            }
+        }
+    };
+    let local_share = r.local_share.unwrap_or(1.0);
+    if !(local_share > 0.0 && local_share <= 1.0) {
+        errs.at(
+            "store.local_share",
+            format!("{local_share} must be greater than 0 and at most 1 (1/N for N gateways)"),
+        );
+    }
     StoreSettings {
         backend,
         redis,
+        breaker,
+        local_share,
         timeout,
         key_prefix,
         on_error,
@@ -841,6 +890,7 @@ struct LimitBuilder {
     limits: Vec<Limit>,
     names: HashSet<String>,
     store_on_error: OnError,
+    local_share: f64,
 }
 
 impl LimitBuilder {
@@ -944,6 +994,8 @@ impl LimitBuilder {
             return None;
         }
         let quota = Quota::new(algorithm, l.limit, window_ms).with_burst(burst);
+        let share = |n: u64| ((n as f64 * self.local_share).floor() as u64).max(1);
+        let local_quota = Quota::new(algorithm, share(l.limit), window_ms).with_burst(share(burst));
         let window_s = window_ms.div_ceil(1000);
         let policy = format!("\"{}\";q={};w={}", l.name, l.limit, window_s);
         self.limits.push(Limit {
@@ -953,6 +1005,7 @@ impl LimitBuilder {
             anonymous_only: l.anonymous_only.unwrap_or(false),
             shadow: l.shadow.unwrap_or(false),
             on_error,
+            local_quota,
             policy_header: HeaderValue::from_str(&policy).expect("validated name"),
             window_label: l.window,
         });

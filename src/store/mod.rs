@@ -5,6 +5,7 @@
 //! Phase: `request_filter`, after identity, route and shedding. The memory store answers
 //! synchronously under short shard locks that are never held across an await.
 
+pub mod breaker;
 pub mod key;
 pub mod memory;
 pub mod redis;
@@ -36,6 +37,8 @@ pub enum StoreError {
     Timeout(std::time::Duration),
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    #[error("store circuit breaker is open")]
+    CircuitOpen,
 }
 
 /// The configured store. An enum rather than a trait object: the set is closed and the hot
@@ -60,6 +63,37 @@ impl Store {
                 Ok(())
             }
             Store::Redis(r) => r.check(checks, now, out).await,
+        }
+    }
+
+    /// The in-process limiter that `on_error: local` limits fall back to when this store
+    /// cannot answer (none for the memory store, which cannot fail).
+    pub fn fallback(&self) -> Option<&MemoryStore> {
+        match self {
+            Store::Memory(_) => None,
+            Store::Redis(r) => Some(&r.fallback),
+        }
+    }
+
+    /// Counters and breaker state, for `/readyz`.
+    pub fn status(&self) -> serde_json::Value {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self {
+            Store::Memory(m) => serde_json::json!({
+                "backend": "memory",
+                "evictions": m.evictions(),
+            }),
+            Store::Redis(r) => serde_json::json!({
+                "backend": "redis",
+                "breaker": match r.breaker_state() {
+                    breaker::State::Closed => "closed",
+                    breaker::State::Open { .. } => "open",
+                    breaker::State::HalfOpen => "half-open",
+                },
+                "failures": r.stats.failures.load(Relaxed),
+                "rejected_by_breaker": r.stats.rejected.load(Relaxed),
+                "breaker_opened": r.stats.opened.load(Relaxed),
+            }),
         }
     }
 

@@ -24,7 +24,11 @@ use redis::{RedisError, Script, ScriptInvocation};
 use std::sync::Arc;
 use tokio::sync::Mutex as AsyncMutex;
 
-use super::{Check, StoreError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use super::breaker::{Admission, Breaker, BreakerSettings, State as BreakerState, Transition};
+use super::{Check, MemoryStore, StoreError};
 use crate::limit::{Algorithm, Decision};
 
 /// The script: prelude, the five algorithms, and the all-or-nothing dispatcher.
@@ -124,7 +128,25 @@ pub struct RedisStore {
     /// Production: false, the script reads Redis's clock. Tests replaying decision sequences
     /// pass their own time.
     explicit_time: bool,
+    breaker: Breaker,
+    /// The in-process limiter that limits with `on_error: local` fall back to.
+    pub fallback: MemoryStore,
+    pub stats: RedisStats,
 }
+
+/// Counters of the store's failures, for `/readyz` and logs.
+#[derive(Debug, Default)]
+pub struct RedisStats {
+    /// Calls that failed (timeout, connection, server error).
+    pub failures: AtomicU64,
+    /// Calls not made because the breaker was open.
+    pub rejected: AtomicU64,
+    /// Times the breaker opened.
+    pub opened: AtomicU64,
+}
+
+/// Keys the fallback limiter keeps at most.
+pub const FALLBACK_MAX_KEYS: usize = 100_000;
 
 fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
@@ -181,7 +203,39 @@ impl RedisStore {
             prefix: prefix.to_string(),
             timeout,
             explicit_time: false,
+            breaker: Breaker::new(BreakerSettings::default(), Instant::now()),
+            fallback: MemoryStore::new(FALLBACK_MAX_KEYS),
+            stats: RedisStats::default(),
         })
+    }
+
+    /// Use these circuit-breaker settings.
+    pub fn with_breaker(mut self, settings: BreakerSettings) -> Self {
+        self.breaker = Breaker::new(settings, Instant::now());
+        self
+    }
+
+    /// The breaker's state now.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breaker.state()
+    }
+
+    fn log_transition(&self, t: Option<Transition>) {
+        match t {
+            Some(Transition::Opened) => {
+                self.stats.opened.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    "redis circuit breaker opened: store calls fail fast until the cooldown ends"
+                );
+            }
+            Some(Transition::HalfOpened) => {
+                tracing::info!("redis circuit breaker half-open: probing");
+            }
+            Some(Transition::Closed) => {
+                tracing::info!("redis circuit breaker closed: redis answers again")
+            }
+            None => {}
+        }
     }
 
     /// Decide with the caller's `now` instead of Redis's clock (for replaying sequences).
@@ -268,14 +322,24 @@ impl RedisStore {
                 .arg(c.cost)
                 .arg(u8::from(c.shadow));
         }
-        let reply: Vec<i64> = match tokio::time::timeout(self.timeout, self.invoke(&inv)).await {
-            Err(_) => return Err(StoreError::Timeout(self.timeout)),
+        let (admission, t) = self.breaker.admit(Instant::now());
+        self.log_transition(t);
+        if admission == Admission::Reject {
+            self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::CircuitOpen);
+        }
+        let result = match tokio::time::timeout(self.timeout, self.invoke(&inv)).await {
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
             Ok(Err(e)) => {
                 self.on_error(&e);
-                return Err(StoreError::Unavailable(e.to_string()));
+                Err(StoreError::Unavailable(e.to_string()))
             }
-            Ok(Ok(r)) => r,
+            Ok(Ok(r)) => Ok(r),
         };
+        self.log_transition(self.breaker.record(result.is_ok(), Instant::now()));
+        let reply: Vec<i64> = result.inspect_err(|_| {
+            self.stats.failures.fetch_add(1, Ordering::Relaxed);
+        })?;
         if reply.len() != idx.len() * 4 + 1 {
             return Err(StoreError::Unavailable(format!(
                 "unexpected script reply of {} values",
