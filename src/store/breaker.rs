@@ -181,7 +181,12 @@ mod tests {
     #[test]
     fn success_resets_the_consecutive_count() {
         let t0 = Instant::now();
-        let b = Breaker::new(BreakerSettings::default(), t0);
+        // Ratio tripping off: only consecutive failures count here.
+        let s = BreakerSettings {
+            min_calls: 1_000,
+            ..BreakerSettings::default()
+        };
+        let b = Breaker::new(s, t0);
         for i in 0..10 {
             b.record(false, at(t0, i * 3));
             b.record(false, at(t0, i * 3 + 1));
