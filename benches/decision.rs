@@ -40,17 +40,28 @@ fn request_path(c: &mut Criterion) {
     let method = Method::GET;
     let mut now = 1_700_000_000_000u64;
 
-    c.bench_function("request: identify+route+keys+memory check (3 limits)", |b| {
-        b.iter(|| {
-            now += 1;
-            let caller = identify(&cfg, &headers, peer).unwrap();
-            let r = match_route(&cfg, &method, Some("example.com"), "/api/v1/items/7").unwrap();
-            let (mut ids, mut checks, mut out) = (Vec::new(), Vec::new(), Vec::new());
-            applicable(&cfg, &caller, &cfg.routes[r], &method, &headers, &mut ids, &mut checks);
-            store.check(&checks, now, &mut out);
-            black_box(out[0].allowed)
-        })
-    });
+    c.bench_function(
+        "request: identify+route+keys+memory check (3 limits)",
+        |b| {
+            b.iter(|| {
+                now += 1;
+                let caller = identify(&cfg, &headers, peer).unwrap();
+                let r = match_route(&cfg, &method, Some("example.com"), "/api/v1/items/7").unwrap();
+                let (mut ids, mut checks, mut out) = (Vec::new(), Vec::new(), Vec::new());
+                applicable(
+                    &cfg,
+                    &caller,
+                    &cfg.routes[r],
+                    &method,
+                    &headers,
+                    &mut ids,
+                    &mut checks,
+                );
+                store.check(&checks, now, &mut out);
+                black_box(out[0].allowed)
+            })
+        },
+    );
 
     // 10k distinct callers (keys) round robin.
     let keys: Vec<HeaderMap> = (0..10_000)
@@ -68,7 +79,15 @@ fn request_path(c: &mut Criterion) {
             let caller = identify(&cfg, &keys[i], peer).unwrap();
             let r = match_route(&cfg, &method, None, "/x").unwrap();
             let (mut ids, mut checks, mut out) = (Vec::new(), Vec::new(), Vec::new());
-            applicable(&cfg, &caller, &cfg.routes[r], &method, &keys[i], &mut ids, &mut checks);
+            applicable(
+                &cfg,
+                &caller,
+                &cfg.routes[r],
+                &method,
+                &keys[i],
+                &mut ids,
+                &mut checks,
+            );
             store.check(&checks, now, &mut out);
             black_box(out[0].allowed)
         })

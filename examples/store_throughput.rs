@@ -57,7 +57,7 @@ async fn main() {
                         shadow: false,
                     };
                     match store.check(std::slice::from_ref(&check), 0, &mut out).await {
-                        Ok(()) => done.fetch_add(1, Ordering::Relaxed),
+                        Ok(_) => done.fetch_add(1, Ordering::Relaxed),
                         Err(_) => errors.fetch_add(1, Ordering::Relaxed),
                     };
                 }

@@ -4,7 +4,8 @@
 --          disagree; Redis is the one clock).
 -- ARGV[2 + 6(i-1) ..]: algorithm (1-5), limit, window ms, burst, cost, shadow (0/1).
 -- Returns 4 integers per limit: allowed, remaining, reset after (ms), retry after (ms);
--- then 1 if the request was admitted (and every admitting limit consumed `cost`), else 0.
+-- then 1 if the request was admitted (and every admitting limit consumed `cost`), else 0;
+-- then the time decided at (ms), so every gateway reports resets on Redis's clock.
 local now = tonumber(ARGV[1])
 if now then
   SLACK = 60000
@@ -20,9 +21,9 @@ if n == 1 then
     KEYS[1], now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), cost)
   if allowed == 1 then
     apply(op, key, a, b, ttl, now, cost)
-    return { 1, remaining, reset, 0, 1 }
+    return { 1, remaining, reset, 0, 1, now }
   end
-  return { 0, remaining, reset, math.max(retry, 1), ARGV[7] == '1' and 1 or 0 }
+  return { 0, remaining, reset, math.max(retry, 1), ARGV[7] == '1' and 1 or 0, now }
 end
 local out, writes, admit = {}, {}, true
 for i = 1, n do
@@ -44,4 +45,5 @@ if admit then
   for _, w in ipairs(writes) do apply(w[1], w[2], w[3], w[4], w[5], now, w[6]) end
 end
 out[n * 4 + 1] = admit and 1 or 0
+out[n * 4 + 2] = now
 return out

@@ -1,4 +1,5 @@
-//! The admin listener (loopback by default): `GET /healthz` and `GET /readyz`.
+//! The admin listener (loopback by default): `GET /healthz`, `GET /readyz` and `GET /stats`
+//! (requests in flight, shedding per priority class, concurrency slots held).
 //!
 //! Phase: its own listener, never on the proxy path. `/readyz` answers 200 only while a
 //! config is loaded and the store answers.
@@ -30,6 +31,32 @@ pub(crate) fn json_response(status: u16, body: serde_json::Value) -> Response<Ve
         .expect("valid response")
 }
 
+impl Admin {
+    /// `GET /stats`: requests in flight, shedding decisions per priority class, concurrency
+    /// slots held by this process.
+    fn stats(&self) -> serde_json::Value {
+        let cfg = self.config.snapshot();
+        let mut body = crate::shed::Shedder::global().stats().to_json();
+        body["shedding"] = match &cfg.shedding {
+            None => serde_json::Value::Null,
+            Some(s) => {
+                let mut classes = serde_json::Map::new();
+                for p in crate::shed::Priority::ALL {
+                    if let Some(cap) = s.cap(p) {
+                        classes.insert(
+                            p.as_str().into(),
+                            json!({ "threshold": s.thresholds[p as usize], "shed_at_in_flight": cap }),
+                        );
+                    }
+                }
+                json!({ "max_in_flight": s.max_in_flight, "thresholds": classes })
+            }
+        };
+        body["concurrency"] = crate::concurrency::stats_json();
+        body
+    }
+}
+
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
@@ -53,9 +80,10 @@ impl ServeHttp for Admin {
                     }),
                 )
             }
+            ("GET", "/stats") => json_response(200, self.stats()),
             _ => json_response(
                 404,
-                json!({ "error": format!("no admin endpoint {method} {path}"), "endpoints": ["GET /healthz", "GET /readyz"] }),
+                json!({ "error": format!("no admin endpoint {method} {path}"), "endpoints": ["GET /healthz", "GET /readyz", "GET /stats"] }),
             ),
         }
     }

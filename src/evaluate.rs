@@ -7,7 +7,7 @@
 
 use http::{HeaderMap, Method};
 
-use crate::config::{Config, KeyPart, Limit, LimitId, OnError, Route};
+use crate::config::{Config, KeyPart, LimitId, OnError, Route};
 use crate::identity::Caller;
 use crate::limit::Decision;
 use crate::store::{Check, CounterKey, Store};
@@ -34,6 +34,8 @@ pub struct Report {
     pub store_error: Option<String>,
     /// Which failure policy decided, when one did.
     pub degraded: Option<Degraded>,
+    /// The store's clock when it decided (Redis's `TIME`), for the reset headers.
+    pub decided_at: Option<u64>,
 }
 
 /// The failure policy that decided a request while the store could not answer.
@@ -78,7 +80,8 @@ pub fn applicable(
         }
         // A limit whose key needs a part this request lacks (no API key, no such header) does
         // not apply to it.
-        let Some(key) = counter_key(cfg, limit, caller, route, method, headers) else {
+        let Some(key) = counter_key(cfg, &limit.name, &limit.key, caller, route, method, headers)
+        else {
             continue;
         };
         ids.push(id);
@@ -92,9 +95,13 @@ pub fn applicable(
     }
 }
 
-fn counter_key(
+/// The counter key of a limit named `name` with key `parts` for this request: BLAKE3 of the
+/// name and the caller's key parts. `None` when the request lacks a part (no API key, no such
+/// header): then the limit does not apply to it. Rate and concurrency limits share this.
+pub(crate) fn counter_key(
     cfg: &Config,
-    limit: &Limit,
+    name: &str,
+    key: &[KeyPart],
     caller: &Caller,
     route: &Route,
     method: &Method,
@@ -108,8 +115,9 @@ fn counter_key(
         }
         std::net::IpAddr::V6(v6) => (v6.octets(), 16),
     };
+    // At most 8 parts (validated), without allocating.
     let mut parts: [&[u8]; 8] = [&[]; 8];
-    for (slot, part) in parts.iter_mut().zip(&limit.key) {
+    for (slot, part) in parts.iter_mut().zip(key) {
         *slot = match part {
             KeyPart::ApiKey => caller.api_key.as_deref()?.as_bytes(),
             KeyPart::User => caller.user.as_deref()?.as_bytes(),
@@ -120,10 +128,7 @@ fn counter_key(
             KeyPart::Header(h) => headers.get(h)?.as_bytes(),
         };
     }
-    Some(CounterKey::new(
-        &limit.name,
-        parts[..limit.key.len()].iter().copied(),
-    ))
+    Some(CounterKey::new(name, parts[..key.len()].iter().copied()))
 }
 
 /// Check `checks` (built by [`applicable`]) and decide.
@@ -139,10 +144,13 @@ pub async fn decide(
     if checks.is_empty() {
         return (Verdict::Allow { decisive: None }, report);
     }
-    if let Err(e) = store.check(checks, now, decisions).await {
-        report.store_error = Some(e.to_string());
-        let verdict = on_store_error(cfg, store, ids, checks, now, decisions, &mut report);
-        return (verdict, report);
+    match store.check(checks, now, decisions).await {
+        Ok(at) => report.decided_at = Some(at),
+        Err(e) => {
+            report.store_error = Some(e.to_string());
+            let verdict = on_store_error(cfg, store, ids, checks, now, decisions, &mut report);
+            return (verdict, report);
+        }
     }
     let verdict = most_restrictive(ids, checks, decisions, &mut report);
     (verdict, report)

@@ -1,6 +1,8 @@
-//! The gateway's [`ProxyHttp`]: `request_filter` runs identity → route → limits and answers
-//! from there when a limit denies; otherwise the request is proxied to the route's upstream
-//! with the decisive limit's headers added to the response.
+//! The gateway's [`ProxyHttp`]: `request_filter` runs identity → route → shedding →
+//! concurrency limits → rate limits and answers from there when one refuses; otherwise the
+//! request is proxied to the route's upstream with the decisive limit's headers added to the
+//! response. A request's in-flight count and concurrency slots are guards in its context:
+//! they are given back exactly once when it ends, however it ends.
 //!
 //! Phase: every request. One config snapshot is taken at the start and used to the end, so a
 //! reload never changes a request half-way.
@@ -16,6 +18,7 @@ use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
+use crate::concurrency::{self, Outcome, Slots};
 use crate::config::reload::ConfigHandle;
 use crate::config::{Config, LimitId};
 use crate::evaluate::{applicable, decide, Degraded, Verdict};
@@ -23,6 +26,7 @@ use crate::headers;
 use crate::identity::{identify, IdentityError};
 use crate::limit::{Clock, Decision};
 use crate::route::match_route;
+use crate::shed::{self, InFlight, Shedder};
 use crate::store::Store;
 
 /// How long to wait for an upstream TCP connection.
@@ -45,6 +49,10 @@ pub struct RequestCtx {
     decisive: Option<(LimitId, Decision)>,
     degraded: Option<Degraded>,
     now_ms: u64,
+    /// Counted in the gateway's requests in flight (for shedding) until dropped.
+    in_flight: Option<InFlight>,
+    /// The concurrency slots this request holds until dropped.
+    slots: Option<Slots>,
 }
 
 async fn respond(session: &mut Session, (header, body): (ResponseHeader, Bytes)) -> Result<bool> {
@@ -102,7 +110,53 @@ impl ProxyHttp for Gateway {
         ctx.route = Some(route_id);
         let route = &cfg.routes[route_id];
 
-        // 3. Every matching limit, in one store call.
+        // 3. Load shedding by priority, before any store call: a shed request costs no
+        // round trip.
+        let class = shed::classify(
+            cfg.shedding.as_ref(),
+            route.priority,
+            &req.method,
+            &req.headers,
+            caller.api_key.as_deref(),
+        );
+        match Shedder::global().admit(class, cfg.shedding.as_ref()) {
+            Ok(in_flight) => ctx.in_flight = Some(in_flight),
+            Err(shed) => return respond(session, shed.response()).await,
+        }
+
+        // 4. A slot of every concurrency limit, held until the request ends.
+        let mut claims = Vec::new();
+        concurrency::applicable(&cfg, &caller, route, &req.method, &req.headers, &mut claims);
+        if !claims.is_empty() {
+            let (outcome, report) = concurrency::acquire(&cfg, &self.store, &claims).await;
+            for &id in &report.shadow_full {
+                tracing::info!(limit = %cfg.concurrency[id].name, client_ip = %caller.client_ip, "shadow limit would deny");
+            }
+            if let Some(e) = &report.store_error {
+                tracing::debug!(error = %e, "store failed; concurrency failure policies applied");
+            }
+            ctx.degraded = report.degraded;
+            let answer = match outcome {
+                Outcome::Admitted(slots) => {
+                    ctx.slots = slots;
+                    None
+                }
+                Outcome::Denied { limit, in_use } => {
+                    Some(concurrency::denied_response(&cfg, limit, in_use))
+                }
+                Outcome::Unavailable { limit } => {
+                    Some(concurrency::unavailable_response(&cfg, limit))
+                }
+            };
+            if let Some((mut head, body)) = answer {
+                if let Some(d) = report.degraded {
+                    let _ = head.insert_header(headers::DEGRADED, d.header_value());
+                }
+                return respond(session, (head, body)).await;
+            }
+        }
+
+        // 5. Every matching rate limit, in one store call.
         let mut ids = Vec::new();
         let mut checks = Vec::new();
         applicable(
@@ -125,9 +179,12 @@ impl ProxyHttp for Gateway {
             // Breaker transitions are logged at warn by the store; this is per request.
             tracing::debug!(error = %e, "store failed; failure policies applied");
         }
-        ctx.degraded = report.degraded;
+        ctx.degraded = report.degraded.or(ctx.degraded);
+        // Resets are reported on the store's clock, so every gateway agrees.
+        let now = report.decided_at.unwrap_or(now);
+        ctx.now_ms = now;
 
-        // 4. Answer or proceed.
+        // 6. Answer or proceed.
         let mut answer = match verdict {
             Verdict::Allow { decisive } => {
                 ctx.decisive = decisive;
@@ -138,9 +195,11 @@ impl ProxyHttp for Gateway {
                 headers::store_unavailable(&cfg, limit, STORE_DOWN_RETRY_AFTER_S)
             }
         };
-        if let Some(d) = report.degraded {
+        if let Some(d) = ctx.degraded {
             let _ = answer.0.insert_header(headers::DEGRADED, d.header_value());
         }
+        // Refused: give the concurrency slots back now rather than after the answer is sent.
+        ctx.slots = None;
         respond(session, answer).await
     }
 
@@ -190,6 +249,14 @@ impl ProxyHttp for Gateway {
             upstream_response.insert_header(headers::DEGRADED, d.header_value())?;
         }
         Ok(())
+    }
+
+    /// The end of every request, answered or failed, including a client gone mid-request:
+    /// give back its concurrency slots and leave the in-flight count. The guards would do the
+    /// same when the context drops; either way it happens exactly once.
+    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        ctx.slots = None;
+        ctx.in_flight = None;
     }
 
     async fn fail_to_proxy(

@@ -75,10 +75,10 @@ macro_rules! fixtures {
 
 fixtures! {
     unknown_section => "unknown-section.yaml": [
-        "limit: unknown section, expected one of server, store, identity, tiers, api_keys, default_tier, upstreams, routes, limits, headers",
+        "limit: unknown section, expected one of server, store, identity, tiers, api_keys, default_tier, upstreams, routes, limits, shedding, headers",
     ],
     misspelled_limit_key => "misspelled-limit-key.yaml": [
-        "limits[0].limt: unknown field `limt`, expected one of `name`, `key`, `algorithm`, `limit`, `window`, `burst`, `anonymous_only`, `shadow`, `on_error`, `routes`",
+        "limits[0].limt: unknown field `limt`, expected one of `name`, `kind`, `key`, `algorithm`, `limit`, `window`, `timeout`, `burst`, `anonymous_only`, `shadow`, `on_error`, `routes`",
     ],
     zero_limit => "zero-limit.yaml": [
         "limits[0].limit: must be at least 1",
@@ -174,11 +174,57 @@ fixtures! {
         r#"limits[0].algorithm: "leaky_bucket" is not an algorithm (sliding_window, fixed_window, sliding_log, token_bucket, gcra)"#,
         r#"headers.ietf: invalid type: string "maybe", expected a boolean"#,
     ],
+    concurrency_limit_without_timeout => "concurrency-without-timeout.yaml": [
+        "limits[0].timeout: missing: a concurrency limit needs a timeout, after which the slot of a request that has not ended is freed (examples: 30s, 1m)",
+    ],
+    concurrency_limit_with_rate_fields => "concurrency-with-window.yaml": [
+        "limits[0].algorithm: does not apply to kind: concurrency",
+        "limits[0].window: does not apply to kind: concurrency",
+    ],
+    bad_limit_kind => "bad-limit-kind.yaml": [
+        r#"limits[0].kind: "semaphore" is not a limit kind (rate, concurrency)"#,
+    ],
+    timeout_on_rate_limit => "timeout-on-rate-limit.yaml": [
+        "limits[0].timeout: applies only to kind: concurrency",
+    ],
+    rate_limit_without_window => "rate-limit-without-window.yaml": [
+        "limits[0].window: missing: a rate limit needs a window (examples: 1s, 1m, 1h)",
+    ],
+    bad_route_priority => "bad-priority.yaml": [
+        r#"routes[0].priority: "urgent" is not a priority class (critical, post, get, test)"#,
+    ],
+    shedding_threshold_out_of_range => "shedding-threshold-out-of-range.yaml": [
+        "shedding.thresholds.test: 1.5 must be greater than 0 and at most 1",
+        "shedding.thresholds.post: 0 must be greater than 0 and at most 1",
+    ],
+    shedding_thresholds_not_increasing => "shedding-thresholds-not-increasing.yaml": [
+        "shedding.thresholds: must increase with priority (test < get < post), got test 0.9, get 0.8, post 0.95",
+    ],
+    shedding_zero_max_in_flight => "shedding-zero-max-in-flight.yaml": [
+        "shedding.max_in_flight: must be at least 1",
+    ],
+    shedding_without_max_in_flight => "shedding-without-max-in-flight.yaml": [
+        "shedding: missing field `max_in_flight`",
+    ],
+    critical_is_never_shed => "shedding-critical-threshold.yaml": [
+        "shedding.thresholds.critical: unknown field `critical`, expected one of `test`, `get`, `post`",
+    ],
+    shedding_empty_test_traffic => "shedding-empty-test-traffic.yaml": [
+        "shedding.test_traffic: set `header`, `api_key_prefix` or both",
+    ],
 }
+
+/// Every fixture that must check ok; each has a test below.
+const VALID_FIXTURES: &[&str] = &["valid-full.yaml", "valid-concurrency-shedding.yaml"];
 
 #[test]
 fn valid_full_config_checks_ok() {
     assert_ok(&format!("{FIXTURES}/valid-full.yaml"));
+}
+
+#[test]
+fn valid_concurrency_and_shedding_config_checks_ok() {
+    assert_ok(&format!("{FIXTURES}/valid-concurrency-shedding.yaml"));
 }
 
 #[test]
@@ -207,7 +253,9 @@ fn every_fixture_has_a_test() {
                 .into_owned()
         })
         .filter(|name| name.ends_with(".yaml"))
-        .filter(|name| name != "valid-full.yaml" && !ERROR_FIXTURES.contains(&name.as_str()))
+        .filter(|name| {
+            !VALID_FIXTURES.contains(&name.as_str()) && !ERROR_FIXTURES.contains(&name.as_str())
+        })
         .collect();
     untested.sort();
     assert!(untested.is_empty(), "fixtures without a test: {untested:?}");

@@ -38,6 +38,8 @@ pub mod defaults {
     pub const GRACE_PERIOD_S: u64 = 5;
     /// The limit that `--upstream` without a config file runs with.
     pub const CATCH_ALL_LIMIT: &str = "{ name: per-ip, key: [client_ip], limit: 600, window: 1m }";
+    /// `shedding.thresholds` of `test`, `get` and `post`.
+    pub const SHED_THRESHOLDS: [f64; 3] = [0.7, 0.8, 0.9];
 }
 
 /// Every error found in one file, each already prefixed with the file and the field path.
@@ -71,6 +73,10 @@ pub struct Config {
     /// then file order.
     pub routes: Vec<Route>,
     pub headers: HeaderSettings,
+    /// Every concurrency limit (`kind: concurrency`): top-level, tier and route limits.
+    pub concurrency: Vec<crate::concurrency::ConcurrencyLimit>,
+    /// Priority load shedding; `None` sheds nothing.
+    pub shedding: Option<crate::shed::Shedding>,
 }
 
 pub type TierId = usize;
@@ -178,6 +184,7 @@ pub struct Limit {
 pub struct Tier {
     pub name: String,
     pub limits: Vec<LimitId>,
+    pub concurrency: Vec<crate::concurrency::ConcurrencyId>,
 }
 
 #[derive(Debug)]
@@ -214,6 +221,10 @@ pub struct Route {
     pub cost: u64,
     /// The route's own limits and every top-level limit that applies to it.
     pub limits: Vec<LimitId>,
+    /// The same for concurrency limits.
+    pub concurrency: Vec<crate::concurrency::ConcurrencyId>,
+    /// The priority class set on the route (otherwise it follows the method).
+    pub priority: Option<crate::shed::Priority>,
 }
 
 #[derive(Debug, Clone, Copy)]

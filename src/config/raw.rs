@@ -77,10 +77,15 @@ pub struct Jwt {
 #[serde(deny_unknown_fields)]
 pub struct Limit {
     pub name: String,
+    /// `rate` (default) or `concurrency`.
+    pub kind: Option<String>,
     pub key: Option<Vec<String>>,
     pub algorithm: Option<String>,
     pub limit: u64,
-    pub window: String,
+    /// Rate limits only (and required there).
+    pub window: Option<String>,
+    /// Concurrency limits only (and required there): how long a slot is held at most.
+    pub timeout: Option<String>,
     pub burst: Option<u64>,
     pub anonymous_only: Option<bool>,
     pub shadow: Option<bool>,
@@ -97,6 +102,8 @@ pub struct Route {
     pub matcher: Match,
     pub upstream: String,
     pub cost: Option<u64>,
+    /// The priority class for load shedding: critical, post, get or test (default: by method).
+    pub priority: Option<String>,
     pub limits: Option<Vec<serde_yaml::Value>>,
 }
 
@@ -115,6 +122,31 @@ pub struct Headers {
     pub legacy: Option<bool>,
 }
 
+/// `shedding`: priority load shedding by requests in flight.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shedding {
+    pub max_in_flight: u64,
+    pub thresholds: Option<Thresholds>,
+    pub test_traffic: Option<TestTraffic>,
+}
+
+/// Fractions of `max_in_flight` at which each class is shed (`critical` never is).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Thresholds {
+    pub test: Option<f64>,
+    pub get: Option<f64>,
+    pub post: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TestTraffic {
+    pub header: Option<String>,
+    pub api_key_prefix: Option<String>,
+}
+
 /// The top-level keys, in the order they are read and reported.
 pub const SECTIONS: &[&str] = &[
     "server",
@@ -126,5 +158,6 @@ pub const SECTIONS: &[&str] = &[
     "upstreams",
     "routes",
     "limits",
+    "shedding",
     "headers",
 ];

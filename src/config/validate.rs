@@ -22,6 +22,9 @@ use super::{
 use crate::limit::{Algorithm, Quota, MAX_SCALED};
 use crate::store::Topology;
 
+use crate::concurrency::{ConcurrencyId, ConcurrencyLimit};
+use crate::shed::{Priority, Shedding, TestTraffic};
+
 /// The most parts a counter key may have.
 pub const MAX_KEY_PARTS: usize = 8;
 
@@ -213,6 +216,8 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
     let headers_raw: raw::Headers = take("headers")
         .and_then(|v| errs.parse("headers", v))
         .unwrap_or_default();
+    let shedding_raw: Option<raw::Shedding> =
+        take("shedding").and_then(|v| errs.parse("shedding", v));
 
     let mut upstreams_raw: Vec<(String, Value)> = match upstreams_value {
         Some(v) => {
@@ -260,9 +265,11 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
     let server = server_settings(&mut errs, server_raw, overrides);
     let store = store_settings(&mut errs, store_raw, overrides);
     let identity = identity_settings(&mut errs, identity_raw);
+    let shedding = shedding_raw.map(|r| shedding_settings(&mut errs, r));
 
     let mut b = LimitBuilder {
         limits: Vec::new(),
+        concurrency: Vec::new(),
         names: HashSet::new(),
         store_on_error: store.on_error,
         local_share: store.local_share,
@@ -276,6 +283,7 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
             .parse(&format!("tiers.{name}"), items)
             .unwrap_or_default();
         let mut ids = Vec::new();
+        let mut concurrency = Vec::new();
         for (i, item) in items.into_iter().enumerate() {
             let path = format!("tiers.{name}[{i}]");
             if let Some(l) = errs.parse::<raw::Limit>(&path, item) {
@@ -286,12 +294,16 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
                     );
                 }
                 if let Some(id) = b.add(&mut errs, &path, l, &[KeyPart::ApiKey]) {
-                    ids.push(id);
+                    id.attach(&mut ids, &mut concurrency);
                 }
             }
         }
         tier_ids.insert(name.clone(), tiers.len());
-        tiers.push(Tier { name, limits: ids });
+        tiers.push(Tier {
+            name,
+            limits: ids,
+            concurrency,
+        });
     }
     let mut api_keys = HashMap::new();
     for (key, tier) in api_keys_raw {
@@ -379,7 +391,8 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
                     );
                 }
                 if let Some(id) = b.add(&mut errs, &path, l, &[]) {
-                    routes[ri].limits.push(id);
+                    let r = &mut routes[ri];
+                    id.attach(&mut r.limits, &mut r.concurrency);
                 }
             }
         }
@@ -414,7 +427,7 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
         if let Some(id) = b.add(&mut errs, &path, l, &[]) {
             for (r, route) in routes.iter_mut().enumerate() {
                 if only.as_ref().is_none_or(|o| o.contains(&r)) {
-                    route.limits.push(id);
+                    id.attach(&mut route.limits, &mut route.concurrency);
                 }
             }
         }
@@ -445,6 +458,8 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
             ietf: headers_raw.ietf.unwrap_or(true),
             legacy: headers_raw.legacy.unwrap_or(true),
         },
+        concurrency: b.concurrency,
+        shedding,
     })
 }
 
@@ -883,11 +898,14 @@ fn route(
         upstream: upstream.unwrap_or(0),
         cost,
         limits: Vec::new(),
+        concurrency: Vec::new(),
+        priority: route_priority(errs, path, r.priority.as_deref()),
     }
 }
 
 struct LimitBuilder {
     limits: Vec<Limit>,
+    concurrency: Vec<ConcurrencyLimit>,
     names: HashSet<String>,
     store_on_error: OnError,
     local_share: f64,
@@ -900,7 +918,7 @@ impl LimitBuilder {
         path: &str,
         l: raw::Limit,
         default_key: &[KeyPart],
-    ) -> Option<LimitId> {
+    ) -> Option<Added> {
         let before = errs.count();
         if l.name.is_empty() || !l.name.chars().all(is_name_char) {
             errs.at(
@@ -914,6 +932,28 @@ impl LimitBuilder {
             errs.at(
                 &format!("{path}.name"),
                 format!("duplicate limit name {:?} (limit names are unique across tiers, routes and limits)", l.name),
+            );
+        }
+        match limit_kind(errs, path, l.kind.as_deref()) {
+            Kind::Rate => {}
+            Kind::Concurrency => {
+                return self
+                    .add_concurrency(errs, path, l, default_key, before)
+                    .map(Added::Concurrency);
+            }
+            Kind::Unknown => {
+                // Which fields belong depends on the kind: check only what every kind has.
+                key_parts(errs, path, l.key, default_key);
+                if let Some(s) = &l.on_error {
+                    on_error(errs, &format!("{path}.on_error"), s);
+                }
+                return None;
+            }
+        }
+        if l.timeout.is_some() {
+            errs.at(
+                &format!("{path}.timeout"),
+                "applies only to kind: concurrency",
             );
         }
         let algorithm = match l.algorithm.as_deref() {
@@ -932,7 +972,16 @@ impl LimitBuilder {
         if l.limit == 0 {
             errs.at(&format!("{path}.limit"), "must be at least 1");
         }
-        let window = duration(errs, &format!("{path}.window"), &l.window);
+        let window = match &l.window {
+            Some(w) => duration(errs, &format!("{path}.window"), w),
+            None => {
+                errs.at(
+                    &format!("{path}.window"),
+                    "missing: a rate limit needs a window (examples: 1s, 1m, 1h)",
+                );
+                None
+            }
+        };
         let window_ms = window.map_or(1, |w| w.as_millis() as u64);
         if window.is_some() && window_ms == 0 {
             errs.at(&format!("{path}.window"), "must be at least 1ms");
@@ -961,31 +1010,7 @@ impl LimitBuilder {
                 format!("limit × window in ms must not exceed 2^53 ({MAX_SCALED})"),
             );
         }
-        let key = match l.key {
-            None => default_key.to_vec(),
-            Some(parts) => parts
-                .iter()
-                .enumerate()
-                .filter_map(|(i, p)| match key_part(p) {
-                    Some(k) => Some(k),
-                    None => {
-                        errs.at(
-                            &format!("{path}.key[{i}]"),
-                            format!(
-                                "{p:?} is not a key part (api_key, user, client_ip, route, method, tier, header:<name>)"
-                            ),
-                        );
-                        None
-                    }
-                })
-                .collect(),
-        };
-        if key.len() > MAX_KEY_PARTS {
-            errs.at(
-                &format!("{path}.key"),
-                format!("at most {MAX_KEY_PARTS} key parts"),
-            );
-        }
+        let key = key_parts(errs, path, l.key, default_key);
         let on_error = match l.on_error {
             None => self.store_on_error,
             Some(s) => on_error(errs, &format!("{path}.on_error"), &s).unwrap_or(OnError::Allow),
@@ -1007,10 +1032,209 @@ impl LimitBuilder {
             on_error,
             local_quota,
             policy_header: HeaderValue::from_str(&policy).expect("validated name"),
-            window_label: l.window,
+            window_label: l.window.unwrap_or_default(),
         });
-        Some(self.limits.len() - 1)
+        Some(Added::Rate(self.limits.len() - 1))
     }
+}
+
+fn key_parts(
+    errs: &mut Errors,
+    path: &str,
+    parts: Option<Vec<String>>,
+    default_key: &[KeyPart],
+) -> Vec<KeyPart> {
+    let key: Vec<KeyPart> = match parts {
+        None => default_key.to_vec(),
+        Some(parts) => parts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| match key_part(p) {
+                Some(k) => Some(k),
+                None => {
+                    errs.at(
+                        &format!("{path}.key[{i}]"),
+                        format!(
+                            "{p:?} is not a key part (api_key, user, client_ip, route, method, tier, header:<name>)"
+                        ),
+                    );
+                    None
+                }
+            })
+            .collect(),
+    };
+    if key.len() > MAX_KEY_PARTS {
+        errs.at(
+            &format!("{path}.key"),
+            format!("at most {MAX_KEY_PARTS} key parts"),
+        );
+    }
+    key
+}
+
+// ---------------------------------------------------------------------------------------
+// Concurrency limits, route priorities and load shedding.
+// ---------------------------------------------------------------------------------------
+
+/// A limit's `kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Rate,
+    Concurrency,
+    /// Reported; the limit is not built.
+    Unknown,
+}
+
+fn limit_kind(errs: &mut Errors, path: &str, kind: Option<&str>) -> Kind {
+    match kind {
+        None | Some("rate") => Kind::Rate,
+        Some("concurrency") => Kind::Concurrency,
+        Some(other) => {
+            errs.at(
+                &format!("{path}.kind"),
+                format!("{other:?} is not a limit kind (rate, concurrency)"),
+            );
+            Kind::Unknown
+        }
+    }
+}
+
+/// Where a validated limit went: rate limits and concurrency limits are kept apart.
+#[derive(Debug, Clone, Copy)]
+enum Added {
+    Rate(LimitId),
+    Concurrency(ConcurrencyId),
+}
+
+impl Added {
+    fn attach(self, rate: &mut Vec<LimitId>, concurrency: &mut Vec<ConcurrencyId>) {
+        match self {
+            Added::Rate(id) => rate.push(id),
+            Added::Concurrency(id) => concurrency.push(id),
+        }
+    }
+}
+
+impl LimitBuilder {
+    /// The rest of a `kind: concurrency` limit, once its name is checked.
+    fn add_concurrency(
+        &mut self,
+        errs: &mut Errors,
+        path: &str,
+        l: raw::Limit,
+        default_key: &[KeyPart],
+        before: usize,
+    ) -> Option<ConcurrencyId> {
+        for (field, set) in [
+            ("algorithm", l.algorithm.is_some()),
+            ("window", l.window.is_some()),
+            ("burst", l.burst.is_some()),
+        ] {
+            if set {
+                errs.at(
+                    &format!("{path}.{field}"),
+                    "does not apply to kind: concurrency",
+                );
+            }
+        }
+        if l.limit == 0 {
+            errs.at(&format!("{path}.limit"), "must be at least 1");
+        }
+        let timeout = match &l.timeout {
+            Some(t) => duration(errs, &format!("{path}.timeout"), t),
+            None => {
+                errs.at(
+                    &format!("{path}.timeout"),
+                    "missing: a concurrency limit needs a timeout, after which the slot of a request that has not ended is freed (examples: 30s, 1m)",
+                );
+                None
+            }
+        };
+        if timeout.is_some_and(|t| t.as_millis() == 0) {
+            errs.at(&format!("{path}.timeout"), "must be at least 1ms");
+        }
+        let key = key_parts(errs, path, l.key, default_key);
+        let on_error = match l.on_error {
+            None => self.store_on_error,
+            Some(s) => on_error(errs, &format!("{path}.on_error"), &s).unwrap_or(OnError::Allow),
+        };
+        if errs.count() > before {
+            return None;
+        }
+        self.concurrency.push(ConcurrencyLimit {
+            name: l.name.into(),
+            key,
+            limit: l.limit,
+            timeout: timeout.expect("validated"),
+            anonymous_only: l.anonymous_only.unwrap_or(false),
+            shadow: l.shadow.unwrap_or(false),
+            on_error,
+            local_limit: ((l.limit as f64 * self.local_share).floor() as u64).max(1),
+        });
+        Some(self.concurrency.len() - 1)
+    }
+}
+
+fn route_priority(errs: &mut Errors, path: &str, p: Option<&str>) -> Option<Priority> {
+    let p = p?;
+    let parsed = Priority::parse(p);
+    if parsed.is_none() {
+        errs.at(
+            &format!("{path}.priority"),
+            format!("{p:?} is not a priority class (critical, post, get, test)"),
+        );
+    }
+    parsed
+}
+
+fn shedding_settings(errs: &mut Errors, r: raw::Shedding) -> Shedding {
+    if r.max_in_flight == 0 {
+        errs.at("shedding.max_in_flight", "must be at least 1");
+    }
+    let t = r.thresholds.unwrap_or_default();
+    let d = defaults::SHED_THRESHOLDS;
+    let thresholds = [
+        ("test", t.test.unwrap_or(d[0])),
+        ("get", t.get.unwrap_or(d[1])),
+        ("post", t.post.unwrap_or(d[2])),
+    ];
+    let mut in_range = true;
+    for (class, v) in thresholds {
+        if !(v > 0.0 && v <= 1.0) {
+            in_range = false;
+            errs.at(
+                &format!("shedding.thresholds.{class}"),
+                format!("{v} must be greater than 0 and at most 1"),
+            );
+        }
+    }
+    let [(_, test), (_, get), (_, post)] = thresholds;
+    if in_range && !(test < get && get < post) {
+        errs.at(
+            "shedding.thresholds",
+            format!("must increase with priority (test < get < post), got test {test}, get {get}, post {post}"),
+        );
+    }
+    let mut test_traffic = TestTraffic::default();
+    if let Some(tt) = r.test_traffic {
+        if tt.header.is_none() && tt.api_key_prefix.is_none() {
+            errs.at(
+                "shedding.test_traffic",
+                "set `header`, `api_key_prefix` or both",
+            );
+        }
+        test_traffic.header = tt
+            .header
+            .and_then(|h| header_name(errs, "shedding.test_traffic.header", &h));
+        if tt.api_key_prefix.as_deref() == Some("") {
+            errs.at(
+                "shedding.test_traffic.api_key_prefix",
+                "must not be empty (it would make every API key test traffic)",
+            );
+        }
+        test_traffic.api_key_prefix = tt.api_key_prefix;
+    }
+    Shedding::new(r.max_in_flight, [test, get, post], test_traffic)
 }
 
 fn key_part(s: &str) -> Option<KeyPart> {
@@ -1060,7 +1284,7 @@ mod tests {
             vec![
                 "gateway.yaml: store.timeout: \"1x\" is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)",
                 "gateway.yaml: limits[0].limit: must be at least 1",
-                "gateway.yaml: limits[1].limt: unknown field `limt`, expected one of `name`, `key`, `algorithm`, `limit`, `window`, `burst`, `anonymous_only`, `shadow`, `on_error`, `routes`",
+                "gateway.yaml: limits[1].limt: unknown field `limt`, expected one of `name`, `kind`, `key`, `algorithm`, `limit`, `window`, `timeout`, `burst`, `anonymous_only`, `shadow`, `on_error`, `routes`",
             ]
         );
     }
@@ -1074,5 +1298,70 @@ mod tests {
         assert_eq!(login.limits, vec![0, 1]);
         assert_eq!(rest.limits, vec![1]);
         assert_eq!(c.limits[0].policy_header, "\"l\";q=5;w=60");
+    }
+
+    #[test]
+    fn concurrency_limits_are_kept_apart_from_rate_limits() {
+        let yaml = r#"
+store: { local_share: 0.5 }
+tiers:
+  free:
+    - { name: free-minute, limit: 100, window: 1m }
+    - { name: free-inflight, kind: concurrency, limit: 5, timeout: 30s }
+upstreams: { b: ["127.0.0.1:9000"] }
+routes:
+  - name: pay
+    match: { path_prefix: /pay }
+    upstream: b
+    priority: critical
+    limits: [ { name: pay-inflight, kind: concurrency, key: [route], limit: 3, timeout: 1m, on_error: deny } ]
+  - { name: rest, match: { path_prefix: / }, upstream: b }
+limits:
+  - { name: inflight, kind: concurrency, key: [api_key], limit: 20, timeout: 60s, routes: [rest] }
+  - { name: g, kind: rate, key: [], limit: 5, window: 1s }
+"#;
+        let c = check(yaml).unwrap();
+        let names = |ids: &[usize]| -> Vec<String> {
+            ids.iter()
+                .map(|&i| c.concurrency[i].name.to_string())
+                .collect()
+        };
+        assert_eq!(
+            c.limits.iter().map(|l| &*l.name).collect::<Vec<_>>(),
+            ["free-minute", "g"]
+        );
+        let free = &c.tiers[0];
+        assert_eq!(names(&free.concurrency), ["free-inflight"]);
+        assert_eq!(c.concurrency[free.concurrency[0]].key, [KeyPart::ApiKey]);
+        let pay = c.routes.iter().find(|r| &*r.name == "pay").unwrap();
+        let rest = c.routes.iter().find(|r| &*r.name == "rest").unwrap();
+        assert_eq!(names(&pay.concurrency), ["pay-inflight"]);
+        assert_eq!(names(&rest.concurrency), ["inflight"]);
+        assert_eq!(pay.priority, Some(Priority::Critical));
+        assert_eq!(rest.priority, None);
+        let inflight = &c.concurrency[rest.concurrency[0]];
+        assert_eq!(
+            (inflight.limit, inflight.timeout, inflight.local_limit),
+            (20, Duration::from_secs(60), 10)
+        );
+        assert_eq!(c.concurrency[pay.concurrency[0]].on_error, OnError::Deny);
+        assert!(c.shedding.is_none());
+    }
+
+    #[test]
+    fn shedding_defaults_and_names_shared_with_rate_limits() {
+        let yaml = format!("{MIN}shedding: {{ max_in_flight: 40 }}\n");
+        let s = check(&yaml).unwrap().shedding.unwrap();
+        assert_eq!(s.thresholds, defaults::SHED_THRESHOLDS);
+        assert_eq!(s.cap(Priority::Test), Some(28));
+        assert_eq!(s.cap(Priority::Critical), None);
+        assert!(s.test_traffic.header.is_none());
+
+        // One name space for both kinds.
+        let yaml = format!("{MIN}limits:\n  - {{ name: a, limit: 1, window: 1s }}\n  - {{ name: a, kind: concurrency, limit: 1, timeout: 1s }}\n");
+        assert_eq!(
+            check(&yaml).unwrap_err(),
+            ["gateway.yaml: limits[1].name: duplicate limit name \"a\" (limit names are unique across tiers, routes and limits)"]
+        );
     }
 }

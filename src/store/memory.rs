@@ -157,6 +157,13 @@ impl MemoryStore {
         removed
     }
 
+    /// Drop every counter.
+    pub fn clear(&self) {
+        for s in self.shards.iter() {
+            s.lock().clear();
+        }
+    }
+
     /// Keys currently held (including expired ones not yet swept).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().len()).sum()

@@ -49,18 +49,19 @@ pub enum Store {
 }
 
 impl Store {
-    /// Check every limit of a request atomically at `now` (ms since the Unix epoch).
-    /// `out` receives one decision per check, in order.
+    /// Check every limit of a request atomically. `now` is the gateway's clock (ms since the
+    /// Unix epoch); Redis uses its own. `out` receives one decision per check, in order.
+    /// Returns the time the decisions were made at, for the reset headers.
     pub async fn check(
         &self,
         checks: &[Check],
         now: u64,
         out: &mut Vec<Decision>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<u64, StoreError> {
         match self {
             Store::Memory(m) => {
                 m.check(checks, now, out);
-                Ok(())
+                Ok(now)
             }
             Store::Redis(r) => r.check(checks, now, out).await,
         }

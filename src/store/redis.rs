@@ -24,12 +24,15 @@ use redis::{RedisError, Script, ScriptInvocation};
 use std::sync::Arc;
 use tokio::sync::Mutex as AsyncMutex;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::breaker::{Admission, Breaker, BreakerSettings, State as BreakerState, Transition};
 use super::{Check, MemoryStore, StoreError};
 use crate::limit::{Algorithm, Decision};
+
+/// Concurrency slots (`kind: concurrency`): their own take and release scripts.
+mod concurrency;
 
 /// The script: prelude, the five algorithms, and the all-or-nothing dispatcher.
 pub const SCRIPT: &str = concat!(
@@ -132,6 +135,8 @@ pub struct RedisStore {
     /// The in-process limiter that limits with `on_error: local` fall back to.
     pub fallback: MemoryStore,
     pub stats: RedisStats,
+    /// The last store call succeeded.
+    healthy: AtomicBool,
 }
 
 /// Counters of the store's failures, for `/readyz` and logs.
@@ -206,6 +211,7 @@ impl RedisStore {
             breaker: Breaker::new(BreakerSettings::default(), Instant::now()),
             fallback: MemoryStore::new(FALLBACK_MAX_KEYS),
             stats: RedisStats::default(),
+            healthy: AtomicBool::new(true),
         })
     }
 
@@ -249,20 +255,21 @@ impl RedisStore {
         format!("{{{}:{}:{}}}", self.prefix, c.name, c.key.hex())
     }
 
-    /// Check `checks` (with their limit names) at `now`; see the module docs.
+    /// Check `checks` (with their limit names); see the module docs. Returns the time the
+    /// decisions were made at: Redis's clock (or `now` when time is explicit).
     pub async fn check(
         &self,
         checks: &[Check],
         now: u64,
         out: &mut Vec<Decision>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<u64, StoreError> {
         out.clear();
         let keys: Vec<String> = checks.iter().map(|c| self.base_key(c)).collect();
         if !matches!(self.conn, Conn::Cluster(_)) {
             let all: Vec<usize> = (0..checks.len()).collect();
-            let (_, decisions) = self.call(&keys, checks, &all, now).await?;
+            let (_, decisions, at) = self.call(&keys, checks, &all, now).await?;
             out.extend(decisions);
-            return Ok(());
+            return Ok(at);
         }
         // Cluster: one call per slot, in sequence, stopping at the first denial.
         let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
@@ -275,6 +282,7 @@ impl RedisStore {
         }
         let mut slots: Vec<Option<Decision>> = vec![None; checks.len()];
         let mut denied = false;
+        let mut decided_at = now;
         for (_, group) in &groups {
             if denied {
                 // Not consulted, nothing consumed. The request is denied by an earlier group,
@@ -288,24 +296,26 @@ impl RedisStore {
                 }
                 continue;
             }
-            let (admitted, decisions) = self.call(&keys, checks, group, now).await?;
+            let (admitted, decisions, at) = self.call(&keys, checks, group, now).await?;
             for (&i, d) in group.iter().zip(decisions) {
                 slots[i] = Some(d);
             }
             denied = !admitted;
+            decided_at = at;
         }
         out.extend(slots.into_iter().map(|d| d.expect("every check decided")));
-        Ok(())
+        Ok(decided_at)
     }
 
-    /// One script call over the checks at `idx`. Returns whether the group admitted.
+    /// One script call over the checks at `idx`. Returns whether the group admitted, the
+    /// decisions, and the time they were made at.
     async fn call(
         &self,
         keys: &[String],
         checks: &[Check],
         idx: &[usize],
         now: u64,
-    ) -> Result<(bool, Vec<Decision>), StoreError> {
+    ) -> Result<(bool, Vec<Decision>, u64), StoreError> {
         let mut inv: ScriptInvocation<'_> = self.script.prepare_invoke();
         if self.explicit_time {
             inv.arg(now);
@@ -322,25 +332,8 @@ impl RedisStore {
                 .arg(c.cost)
                 .arg(u8::from(c.shadow));
         }
-        let (admission, t) = self.breaker.admit(Instant::now());
-        self.log_transition(t);
-        if admission == Admission::Reject {
-            self.stats.rejected.fetch_add(1, Ordering::Relaxed);
-            return Err(StoreError::CircuitOpen);
-        }
-        let result = match tokio::time::timeout(self.timeout, self.invoke(&inv)).await {
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-            Ok(Err(e)) => {
-                self.on_error(&e);
-                Err(StoreError::Unavailable(e.to_string()))
-            }
-            Ok(Ok(r)) => Ok(r),
-        };
-        self.log_transition(self.breaker.record(result.is_ok(), Instant::now()));
-        let reply: Vec<i64> = result.inspect_err(|_| {
-            self.stats.failures.fetch_add(1, Ordering::Relaxed);
-        })?;
-        if reply.len() != idx.len() * 4 + 1 {
+        let reply = self.guarded(&inv, self.timeout).await?;
+        if reply.len() != idx.len() * 4 + 2 {
             return Err(StoreError::Unavailable(format!(
                 "unexpected script reply of {} values",
                 reply.len()
@@ -361,7 +354,45 @@ impl RedisStore {
                 }
             })
             .collect();
-        Ok((reply[idx.len() * 4] == 1, decisions))
+        let at = reply[idx.len() * 4 + 1].max(0) as u64;
+        Ok((reply[idx.len() * 4] == 1, decisions, at))
+    }
+
+    /// One call through the circuit breaker, with a deadline.
+    async fn guarded(
+        &self,
+        inv: &ScriptInvocation<'_>,
+        deadline: Duration,
+    ) -> Result<Vec<i64>, StoreError> {
+        let (admission, t) = self.breaker.admit(Instant::now());
+        self.log_transition(t);
+        if admission == Admission::Reject {
+            self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::CircuitOpen);
+        }
+        let result = match tokio::time::timeout(deadline, self.invoke(inv)).await {
+            Err(_) => {
+                self.on_deadline();
+                Err(StoreError::Timeout(deadline))
+            }
+            Ok(Err(e)) => {
+                self.on_error(&e);
+                Err(StoreError::Unavailable(e.to_string()))
+            }
+            Ok(Ok(r)) => Ok(r),
+        };
+        self.log_transition(self.breaker.record(result.is_ok(), Instant::now()));
+        if result.is_err() {
+            self.stats.failures.fetch_add(1, Ordering::Relaxed);
+            // The first failure after a success starts an outage: the local fallback limiter
+            // starts it from empty counters.
+            if self.healthy.swap(false, Ordering::Relaxed) {
+                self.fallback.clear();
+            }
+        } else {
+            self.healthy.store(true, Ordering::Relaxed);
+        }
+        result
     }
 
     async fn invoke(&self, inv: &ScriptInvocation<'_>) -> Result<Vec<i64>, RedisError> {
@@ -412,35 +443,35 @@ impl RedisStore {
     /// After a connection-level failure or READONLY (a failed-over master), forget the
     /// connection so the next call resolves the topology again.
     fn on_error(&self, e: &RedisError) {
-        let stale = e.is_io_error()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || e.code() == Some("READONLY")
-            || e.is_timeout();
-        if !stale {
-            return;
-        }
+        let broken = e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal();
+        let stale = broken || e.code() == Some("READONLY") || e.is_timeout();
         match &self.conn {
-            // The connection manager reconnects by itself.
+            // The connection manager would hand back its last failed reconnect attempt to the
+            // next call (the breaker's probe), so a broken connection is replaced outright.
+            Conn::Single(_, l) if broken => l.reset(),
             Conn::Single(..) => {}
-            Conn::Cluster(l) => l.reset(),
-            Conn::Sentinel(s) => s.master.reset(),
+            Conn::Cluster(l) if stale => l.reset(),
+            Conn::Sentinel(s) if stale => s.master.reset(),
+            Conn::Cluster(_) | Conn::Sentinel(_) => {}
         }
     }
 
-    /// Whether Redis answers (a script call with no keys) within the deadline.
+    /// A call missed its deadline. For Sentinel the master may be stopped rather than dead
+    /// (it never answers, not even READONLY), so ask the sentinels again on the next call.
+    fn on_deadline(&self) {
+        if let Conn::Sentinel(s) = &self.conn {
+            s.master.reset();
+        }
+    }
+
+    /// Whether Redis answers (a script call with no keys) within the deadline, through the
+    /// circuit breaker: not ready while the breaker is open; after the cooldown this call can
+    /// be the probe that closes it, so readiness recovers even without request traffic.
     pub async fn ping(&self) -> bool {
         let mut inv = self.script.prepare_invoke();
         inv.arg("");
-        let call = async {
-            let r = self.invoke(&inv).await;
-            if let Err(e) = &r {
-                self.on_error(e);
-            }
-            r.is_ok()
-        };
-        tokio::time::timeout(self.timeout.max(Duration::from_millis(250)), call)
+        self.guarded(&inv, self.timeout.max(Duration::from_millis(250)))
             .await
-            .unwrap_or(false)
+            .is_ok()
     }
 }

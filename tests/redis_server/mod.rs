@@ -30,20 +30,37 @@ fn spawn(program: &str, args: &[String], dir: &Path) -> Child {
         .unwrap_or_else(|e| panic!("cannot start {program}: {e}. {INSTALL}"))
 }
 
-/// Run redis-cli and return its stdout.
+/// Run redis-cli; its stdout, or `None` if it failed (e.g. the server is not up yet).
+fn try_cli(port: u16, args: &[&str]) -> Option<String> {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run redis-cli: {e}. {INSTALL}"));
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Run redis-cli and return its stdout; a failing redis-cli fails the test.
 pub fn cli(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run redis-cli: {e}. {INSTALL}"));
+    assert!(
+        out.status.success(),
+        "redis-cli {args:?} on port {port} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 fn wait_ping(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
-        if cli(port, &["PING"]) == "PONG" {
+        if try_cli(port, &["PING"]).as_deref() == Some("PONG") {
             return;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -131,7 +148,7 @@ impl RedisServer {
 
     /// Every key with its TTL in ms (`PTTL`).
     pub fn keys_with_ttl(&self) -> Vec<(String, i64)> {
-        let keys = self.cli(&["--scan", "--count", "1000"]);
+        let keys = self.cli(&["--scan"]);
         keys.lines()
             .filter(|k| !k.is_empty())
             .map(|k| (k.to_string(), self.cli(&["PTTL", k]).parse().unwrap_or(-3)))
@@ -229,7 +246,18 @@ impl RedisSentinel {
         .expect("write sentinel.conf");
         let sentinel = spawn("redis-sentinel", &[conf.display().to_string()], dir.path());
         wait_ping(sentinel_port);
+        // The replica must have synced before a failover could promote it.
         let deadline = Instant::now() + Duration::from_secs(20);
+        while !replica
+            .cli(&["INFO", "replication"])
+            .contains("master_link_status:up")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "replica did not sync with the master in 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
         while !cli(
             sentinel_port,
             &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME],

@@ -1,0 +1,463 @@
+//! Priority load shedding (issue 5) against real processes: the gateway binary, the demo
+//! upstream holding requests with `x-demo-delay-ms`, and a real `redis-server` where the store
+//! is involved, all on loopback.
+//!
+//! `max_in_flight: 40` with the default thresholds sheds `test` at 28 requests in flight, `get`
+//! at 32, `post` at 36, and never `critical`. The tests count answers per class, and read the
+//! gateway's own per-class counters from `GET /stats`; none depends on how fast anything runs
+//! beyond the upstream holding requests for longer than a burst takes to arrive.
+
+mod common;
+mod redis_server;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Gateway, RawConn, RawResp, Upstream};
+use redis_server::RedisServer;
+
+const REDUCED_CAPACITY: &str =
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
+
+/// The classes, lowest priority first, as `/stats` names them.
+const CLASSES: [&str; 4] = ["test", "get", "post", "critical"];
+
+/// Tests in this file load the machine with bursts: run them one at a time, so that one test's
+/// burst does not slow another's.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn config(upstream: SocketAddr, store: &str, extra: &str) -> String {
+    format!(
+        r#"{store}
+upstreams:
+  backend: ["{upstream}"]
+routes:
+  - {{ name: payments, match: {{ path_prefix: /payments }}, upstream: backend, priority: critical }}
+  - {{ name: default, match: {{ path_prefix: / }}, upstream: backend }}
+shedding:
+  max_in_flight: 40
+  thresholds: {{ test: 0.7, get: 0.8, post: 0.9 }}
+  test_traffic: {{ header: x-test-mode, api_key_prefix: test_ }}
+{extra}"#
+    )
+}
+
+/// One request of each class; `n` varies the form of test traffic (header or key prefix).
+fn request(class: &str, n: usize, hold_ms: u64) -> String {
+    let (line, extra) = match class {
+        "critical" => ("POST /payments/charge", ""),
+        "post" => ("POST /orders", ""),
+        "get" => ("GET /items", ""),
+        // Test traffic wins over the method: a POST with a test key is `test`.
+        "test" if n.is_multiple_of(2) => ("GET /items", "x-test-mode: 1\r\n"),
+        "test" => ("POST /orders", "x-api-key: test_abc\r\n"),
+        other => panic!("no class {other}"),
+    };
+    format!(
+        "{line} HTTP/1.1\r\nHost: tollgate.test\r\nContent-Length: 0\r\nConnection: close\r\n\
+         x-demo-delay-ms: {hold_ms}\r\n{extra}\r\n"
+    )
+}
+
+/// `GET /stats` of the admin listener.
+async fn stats(gw: &Gateway) -> serde_json::Value {
+    thread_local! {
+        // One client (and keep-alive connection) per test thread: tests poll this often.
+        static CLIENT: reqwest::Client = common::client();
+    }
+    let client = CLIENT.with(|c| c.clone());
+    let r = client
+        .get(format!("http://{}/stats", gw.admin))
+        .send()
+        .await
+        .expect("GET /stats");
+    assert_eq!(r.status(), 200);
+    r.json().await.expect("stats JSON")
+}
+
+/// (admitted, shed) of each class, from `/stats`, in [`CLASSES`] order.
+async fn decided(gw: &Gateway) -> [(u64, u64); 4] {
+    let s = stats(gw).await;
+    CLASSES.map(|c| {
+        let class = &s["classes"][c];
+        (
+            class["admitted"].as_u64().expect("admitted"),
+            class["shed"].as_u64().expect("shed"),
+        )
+    })
+}
+
+/// Send `req` on a new connection and hand back the task that reads its answer.
+async fn send(addr: SocketAddr, req: String) -> tokio::task::JoinHandle<Option<RawResp>> {
+    let mut conn = RawConn::connect(addr).await;
+    tokio::spawn(async move {
+        conn.send(req.as_bytes()).await.ok()?;
+        conn.read_response().await
+    })
+}
+
+/// Every request on its own connection: all connections are opened first, then every request
+/// is written at once.
+async fn burst(addr: SocketAddr, requests: Vec<String>) -> Vec<Option<RawResp>> {
+    let mut conns = Vec::with_capacity(requests.len());
+    for _ in &requests {
+        conns.push(RawConn::connect(addr).await);
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(requests.len()));
+    let tasks: Vec<_> = conns
+        .into_iter()
+        .zip(requests)
+        .map(|(mut conn, req)| {
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                conn.send(req.as_bytes()).await.ok()?;
+                conn.read_response().await
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("burst task"));
+    }
+    out
+}
+
+/// A shed answer: 503, `Retry-After`, a `temporary-reduced-capacity` problem naming `class`.
+fn assert_shed(r: &RawResp, class: &str) {
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"), "{r:?}");
+    assert_eq!(
+        r.header("content-type").as_deref(),
+        Some("application/problem+json")
+    );
+    let body: serde_json::Value = serde_json::from_slice(&r.body).expect("JSON body");
+    assert_eq!(body["type"], REDUCED_CAPACITY);
+    assert_eq!(body["status"], 503);
+    assert_eq!(body["priority"], class);
+    assert_eq!(body["retry_after"], 1);
+}
+
+/// Poll until the gateway has no request in flight; panics after 10 s.
+async fn wait_idle(gw: &Gateway) {
+    let start = Instant::now();
+    while stats(gw).await["in_flight"] != 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "requests still in flight: {}",
+            stats(gw).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A mixed load of 120 requests (3 × max_in_flight), 30 of each class, arriving in rounds of
+/// critical, post, get, test. Each request is sent once the previous one was decided (the
+/// gateway's per-class counters moved), and every admitted request is held until the whole
+/// load has arrived, so the outcome is exact: test is shed from the 8th round on (28 in flight),
+/// get from the 9th (32), post from the 11th (36), and critical never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mixed_load_at_three_times_capacity_sheds_test_then_get_then_post_never_critical() {
+    let _serial = SERIAL.lock().await;
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&config(upstream.addr, "", "")).await;
+    // Long enough for the whole load to arrive while every admitted request is still held.
+    const HOLD_MS: u64 = 3_000;
+
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    let mut first_shed_round: [Option<usize>; 4] = [None; 4];
+    let mut expect = [(0u64, 0u64); 4];
+    for round in 0..30 {
+        for class in ["critical", "post", "get", "test"] {
+            let c = CLASSES.iter().position(|x| *x == class).expect("class");
+            let task = send(gw.listen, request(class, round, HOLD_MS)).await;
+            // Wait until the gateway decided it.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let now = loop {
+                let d = decided(&gw).await;
+                if d[c].0 + d[c].1 > expect[c].0 + expect[c].1 {
+                    break d;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{class} request of round {round} not decided"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            };
+            if now[c].1 > expect[c].1 && first_shed_round[c].is_none() {
+                first_shed_round[c] = Some(round);
+            }
+            expect = now;
+            tasks.push((class, task));
+        }
+    }
+    let wave = start.elapsed();
+    assert!(
+        wave < Duration::from_millis(HOLD_MS),
+        "the load took {wave:?} to arrive, longer than the upstream holds a request"
+    );
+
+    // Per class (test, get, post, critical): admitted and shed, as the gateway counted them.
+    assert_eq!(
+        decided(&gw).await,
+        [(7, 23), (8, 22), (10, 20), (30, 0)],
+        "(admitted, shed) of test, get, post, critical"
+    );
+    assert_eq!(first_shed_round, [Some(7), Some(8), Some(10), None]);
+    // Everything admitted is at the upstream at once; nothing shed ever reached it.
+    let s = upstream.stats().await;
+    assert_eq!((s.requests, s.in_flight), (55, 55), "{s:?}");
+    assert_eq!(stats(&gw).await["in_flight"], 55);
+
+    // What the clients got, per class: the admitted ones 200 once the upstream answers.
+    let mut got: [(u64, u64); 4] = [(0, 0); 4];
+    for (class, task) in tasks {
+        let c = CLASSES.iter().position(|x| *x == class).expect("class");
+        let r = task.await.expect("task").expect("an answer");
+        match r.status {
+            200 => got[c].0 += 1,
+            503 => {
+                assert_shed(&r, class);
+                got[c].1 += 1
+            }
+            other => panic!("{class}: unexpected {other}: {r:?}"),
+        }
+    }
+    assert_eq!(got, [(7, 23), (8, 22), (10, 20), (30, 0)]);
+    wait_idle(&gw).await;
+}
+
+/// The same mix sent all at once, with the upstream holding each request 300 ms: which request
+/// of a class arrives first is up to the network, so the exact split varies, but every
+/// critical request succeeds, the caps hold per class, and the gateway's counts match what
+/// the clients saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_simultaneous_mixed_burst_never_sheds_critical_and_respects_every_cap() {
+    let _serial = SERIAL.lock().await;
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&config(upstream.addr, "", "")).await;
+
+    let mut requests = Vec::new();
+    let mut classes = Vec::new();
+    for n in 0..30 {
+        for class in ["critical", "post", "get", "test"] {
+            requests.push(request(class, n, 300));
+            classes.push(class);
+        }
+    }
+    let resps = burst(gw.listen, requests).await;
+    let mut got: [(u64, u64); 4] = [(0, 0); 4];
+    for (class, r) in classes.iter().zip(&resps) {
+        let c = CLASSES.iter().position(|x| x == class).expect("class");
+        let r = r.as_ref().expect("an answer");
+        match r.status {
+            200 => got[c].0 += 1,
+            503 => {
+                assert_shed(r, class);
+                got[c].1 += 1
+            }
+            other => panic!("{class}: unexpected {other}: {r:?}"),
+        }
+    }
+    assert_eq!(got[3], (30, 0), "every critical request succeeds");
+    let s = upstream.stats().await;
+    assert_eq!(
+        s.requests,
+        got.iter().map(|g| g.0).sum::<u64>(),
+        "exactly the admitted requests reached the upstream"
+    );
+    assert_eq!(
+        decided(&gw).await,
+        got,
+        "the gateway counted what the clients saw"
+    );
+    // All 120 arrived within the 300 ms hold (everything admitted was at the upstream at
+    // once), so each class was admitted only below its threshold: at most 28 test requests,
+    // 32 of test and get together, 36 of the three.
+    assert_eq!(s.max_in_flight, s.requests, "{s:?}");
+    let [t, g, p, _] = got.map(|g| g.0);
+    assert!(t <= 28 && t + g <= 32 && t + g + p <= 36, "{got:?}");
+    // 30 critical alone exceed test's threshold: some test traffic is always shed.
+    assert!(got[0].1 > 0, "{got:?}");
+    wait_idle(&gw).await;
+}
+
+/// `INFO commandstats`: calls of `cmd` (for example `evalsha`).
+fn redis_calls(redis: &RedisServer, cmd: &str) -> u64 {
+    let info = redis.cli(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("calls"))
+}
+
+/// Every script call (`EVALSHA`, and `EVAL` or `SCRIPT` should a script be reloaded).
+fn script_calls(redis: &RedisServer) -> u64 {
+    ["evalsha", "eval", "script"]
+        .iter()
+        .map(|c| redis_calls(redis, c))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shed_requests_never_reach_the_upstream_and_never_touch_the_store() {
+    let _serial = SERIAL.lock().await;
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let store = format!(
+        "store: {{ backend: redis, url: \"{}\", timeout: 500ms }}",
+        redis.url()
+    );
+    // A rate limit and a concurrency limit on every request: an admitted request makes one
+    // take, one check and one release call.
+    let limits = "limits:\n  - { name: global, key: [], limit: 100000, window: 1m }\n  - { name: inflight, kind: concurrency, key: [], limit: 1000, timeout: 1m }\n";
+    let gw = Gateway::start(&config(upstream.addr, &store, limits)).await;
+
+    // Warm up: the scripts are loaded, and the release of that request is done.
+    let warm = burst(gw.listen, vec![request("get", 0, 0)]).await;
+    assert_eq!(warm[0].as_ref().map(|r| r.status), Some(200));
+    wait_idle(&gw).await;
+    wait_script_calls_settle(&redis).await;
+    let before = script_calls(&redis);
+
+    // 40 critical requests held at the upstream: 40 in flight, every class but critical is
+    // shed from now on.
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        held.push(send(gw.listen, request("critical", 0, 3_000)).await);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while upstream.stats().await.in_flight < 40 {
+        assert!(
+            Instant::now() < deadline,
+            "40 requests never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let after_admitted = script_calls(&redis);
+    assert_eq!(
+        after_admitted - before,
+        80,
+        "one take and one check per admitted request"
+    );
+
+    // 60 shed requests: no store call, nothing at the upstream.
+    let mut shed = Vec::new();
+    for n in 0..20 {
+        for class in ["test", "get", "post"] {
+            shed.push((class, send(gw.listen, request(class, n, 0)).await));
+        }
+    }
+    for (class, t) in shed {
+        let r = t.await.expect("task").expect("an answer");
+        assert_shed(&r, class);
+    }
+    assert_eq!(
+        script_calls(&redis),
+        after_admitted,
+        "shed requests made store calls"
+    );
+    let s = upstream.stats().await;
+    assert_eq!(
+        s.requests, 41,
+        "the warm-up and the 40 held requests only: {s:?}"
+    );
+    assert_eq!(
+        decided(&gw).await,
+        [(0, 20), (1, 20), (0, 20), (40, 0)],
+        "(admitted, shed) of test, get, post, critical"
+    );
+
+    // Shedding does not need the store at all: with Redis gone, a shed request is still
+    // answered 503 at once (no store timeout on the way).
+    redis.kill();
+    let start = Instant::now();
+    let r = send(gw.listen, request("get", 0, 0)).await;
+    let r = r.await.expect("task").expect("an answer");
+    assert_shed(&r, "get");
+    assert!(
+        start.elapsed() < Duration::from_millis(400),
+        "took {:?}",
+        start.elapsed()
+    );
+
+    for t in held {
+        let r = t.await.expect("task").expect("an answer");
+        assert_eq!(r.status, 200);
+    }
+    wait_idle(&gw).await;
+}
+
+/// Poll until Redis's script call count stops moving (a release runs after the answer).
+async fn wait_script_calls_settle(redis: &RedisServer) {
+    let mut last = script_calls(redis);
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = script_calls(redis);
+        if now == last {
+            return;
+        }
+        last = now;
+    }
+    panic!("Redis script calls kept changing");
+}
+
+/// A route's `priority` sets its class whatever the method; without `shedding` nothing is shed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn route_priority_overrides_the_method_and_no_shedding_section_sheds_nothing() {
+    let _serial = SERIAL.lock().await;
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        r#"upstreams:
+  backend: ["{}"]
+routes:
+  - {{ name: search, match: {{ methods: [POST], path_prefix: /search }}, upstream: backend, priority: get }}
+  - {{ name: default, match: {{ path_prefix: / }}, upstream: backend }}
+shedding: {{ max_in_flight: 4, thresholds: {{ test: 0.25, get: 0.5, post: 0.75 }} }}
+"#,
+        upstream.addr
+    );
+    let gw = Gateway::start(&yaml).await;
+    // Two POSTs to an ordinary route are in flight: `get` (cap 2) is shed, `post` (cap 3) is not.
+    let post = |path: &str, hold: u64| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\nx-demo-delay-ms: {hold}\r\n\r\n"
+        )
+    };
+    let a = send(gw.listen, post("/orders", 2_000)).await;
+    let b = send(gw.listen, post("/orders", 2_000)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while upstream.stats().await.in_flight < 2 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let search = send(gw.listen, post("/search", 0)).await;
+    assert_shed(&search.await.unwrap().unwrap(), "get");
+    let order = send(gw.listen, post("/orders", 0)).await;
+    assert_eq!(order.await.unwrap().unwrap().status, 200);
+    for t in [a, b] {
+        assert_eq!(t.await.unwrap().unwrap().status, 200);
+    }
+
+    // No `shedding` section: in flight is counted, nothing is shed.
+    let plain = format!(
+        "upstreams: {{ backend: [\"{}\"] }}\nroutes: [ {{ name: default, match: {{ path_prefix: / }}, upstream: backend }} ]\n",
+        upstream.addr
+    );
+    let gw = Gateway::start(&plain).await;
+    let resps = burst(
+        gw.listen,
+        (0..60).map(|n| request("test", n, 300)).collect(),
+    )
+    .await;
+    assert!(resps
+        .iter()
+        .all(|r| r.as_ref().is_some_and(|r| r.status == 200)));
+    // Without a `shedding` section there is no test traffic either: these are get and post.
+    let d = decided(&gw).await;
+    assert_eq!(d.map(|c| c.1), [0; 4], "nothing shed: {d:?}");
+    assert_eq!(d.iter().map(|c| c.0).sum::<u64>(), 60);
+    assert!(stats(&gw).await["shedding"].is_null());
+}
