@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Whole-system throughput: tollgate (memory store, and Redis store) against NGINX as a reverse
+# Whole-system throughput: tollgate (no limits, one limit on the memory store, the same limit
+# on Redis) against NGINX as a reverse
 # proxy, in the same run, same layout: the proxy under test pinned to core 0, the upstream
 # (NGINX `return 200`) and wrk on core 1. Every process is started here on free loopback ports
 # and stopped at the end. Prints req/s, p99 and the ratio to NGINX.
@@ -19,7 +20,7 @@ trap cleanup EXIT
 
 cargo build --release --quiet
 bin=target/release/tollgate
-up=$(free_port); ngx=$(free_port); gw=$(free_port); gwr=$(free_port); rp=$(free_port)
+up=$(free_port); ngx=$(free_port); gw=$(free_port); gwr=$(free_port); gwn=$(free_port); rp=$(free_port)
 
 mkdir -p "$dir/logs"
 cat > "$dir/upstream.conf" <<CONF
@@ -43,9 +44,15 @@ routes: [ { name: all, match: { path_prefix: / }, upstream: up } ]
 limits:
   - { name: per-ip, key: [client_ip], limit: 1000000000, window: 1m }
 CONF
+cat > "$dir/nolimits.yaml" <<CONF
+server: { threads: 1 }
+upstreams: { up: ["127.0.0.1:$up"] }
+routes: [ { name: all, match: { path_prefix: / }, upstream: up } ]
+CONF
 taskset -c 1 nginx -p "$dir" -c "$dir/upstream.conf" & pids+=($!)
 taskset -c 0 nginx -p "$dir" -c "$dir/proxy.conf" & pids+=($!)
 taskset -c 0 "$bin" -c "$dir/gateway.yaml" --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/gw.log" & pids+=($!)
+taskset -c 0 "$bin" -c "$dir/nolimits.yaml" --listen "127.0.0.1:$gwn" --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/gwn.log" & pids+=($!)
 taskset -c 1 redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null & pids+=($!)
 sleep 1
 taskset -c 0 "$bin" -c "$dir/gateway.yaml" --listen "127.0.0.1:$gwr" --admin-listen "127.0.0.1:$(free_port)" --redis-url "redis://127.0.0.1:$rp" 2>"$dir/gwr.log" & pids+=($!)
@@ -61,12 +68,13 @@ run() { # name port
 }
 taskset -c 1 wrk -t 1 -c "$conns" -d 2s "http://127.0.0.1:$gw/" >/dev/null   # warm-up
 res_ngx=$(run nginx-proxy "$ngx")
+res_gwn=$(run tollgate-nolimits "$gwn")
 res_gw=$(run tollgate-memory "$gw")
 res_gwr=$(run tollgate-redis "$gwr")
 res_ngx2=$(run nginx-proxy "$ngx")
 printf '%-17s %12s %10s %8s %14s\n' proxy req_per_s p99 non2xx ratio_to_nginx
 ngx_avg=$(python3 -c "print(($(echo "$res_ngx" | cut -d' ' -f2) + $(echo "$res_ngx2" | cut -d' ' -f2)) / 2)")
-for r in "$res_ngx" "$res_gw" "$res_gwr" "$res_ngx2"; do
+for r in "$res_ngx" "$res_gwn" "$res_gw" "$res_gwr" "$res_ngx2"; do
   set -- $r
   printf '%-17s %12s %10s %8s %14s\n' "$1" "$2" "$3" "$4" "$(python3 -c "print(f'{$2/$ngx_avg:.2f}')")"
 done
