@@ -18,8 +18,7 @@
 //! refused here consumes no rate-limit quota. The memory table is locked for a few
 //! instructions and never across an await; a Redis release runs as a spawned task.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasherDefault;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -32,8 +31,9 @@ use serde_json::json;
 
 use crate::config::{Config, KeyPart, OnError, Route};
 use crate::evaluate::{counter_key, Degraded};
-use crate::headers::{problem, QUOTA_EXCEEDED, REDUCED_CAPACITY};
+use crate::headers::{problem, QUOTA_EXCEEDED};
 use crate::identity::Caller;
+use crate::store::key::KeyMap;
 use crate::store::{CounterKey, Store, StoreError};
 
 /// `Retry-After` (seconds) of a request refused by a concurrency limit: a slot frees as soon
@@ -357,24 +357,7 @@ pub const SHARDS: usize = 64;
 /// One key's slots: (request id, taken at ms), oldest first.
 type Holders = VecDeque<(u64, u64)>;
 
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | b as u64;
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type Shard = HashMap<CounterKey, Holders, BuildHasherDefault<KeyHasher>>;
+type Shard = KeyMap<Holders>;
 
 /// Slots in this process: per key, the requests holding one. A key exists only while some
 /// request holds a slot of it, so memory follows the requests in flight.
@@ -503,23 +486,11 @@ pub fn denied_response(cfg: &Config, id: ConcurrencyId, in_use: u64) -> (Respons
 
 /// The `503` of a concurrency limit that fails closed while its store is down.
 pub fn unavailable_response(cfg: &Config, id: ConcurrencyId) -> (ResponseHeader, Bytes) {
-    let l = &cfg.concurrency[id];
-    let (mut h, body) = problem(
-        503,
-        json!({
-            "type": REDUCED_CAPACITY,
-            "title": "Service Unavailable",
-            "status": 503,
-            "detail": format!(
-                "The concurrency limit \"{}\" cannot be checked right now and does not fail open; retry in {} s.",
-                l.name, UNAVAILABLE_RETRY_AFTER_S
-            ),
-            "policy": &*l.name,
-            "retry_after": UNAVAILABLE_RETRY_AFTER_S,
-        }),
-    );
-    let _ = h.insert_header("retry-after", UNAVAILABLE_RETRY_AFTER_S);
-    (h, body)
+    crate::headers::store_unavailable(
+        "concurrency limit",
+        &cfg.concurrency[id].name,
+        UNAVAILABLE_RETRY_AFTER_S,
+    )
 }
 
 #[cfg(test)]

@@ -115,9 +115,9 @@ pub fn simple(status: u16, title: &str, detail: &str) -> (ResponseHeader, Bytes)
     )
 }
 
-/// The 503 of a limit that fails closed while its store is down.
-pub fn store_unavailable(cfg: &Config, id: LimitId, retry_after_s: u64) -> (ResponseHeader, Bytes) {
-    let limit = cfg.limit(id);
+/// The 503 of a limit that fails closed while its store is down. `what` says which kind of
+/// limit: "rate limit", "concurrency limit".
+pub fn store_unavailable(what: &str, name: &str, retry_after_s: u64) -> (ResponseHeader, Bytes) {
     let (mut h, body) = problem(
         503,
         json!({
@@ -125,10 +125,9 @@ pub fn store_unavailable(cfg: &Config, id: LimitId, retry_after_s: u64) -> (Resp
             "title": "Service Unavailable",
             "status": 503,
             "detail": format!(
-                "The rate limit \"{}\" cannot be checked right now and does not fail open; retry in {} s.",
-                limit.name, retry_after_s
+                "The {what} \"{name}\" cannot be checked right now and does not fail open; retry in {retry_after_s} s."
             ),
-            "policy": &*limit.name,
+            "policy": name,
             "retry_after": retry_after_s,
         }),
     );

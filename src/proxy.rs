@@ -191,9 +191,11 @@ impl ProxyHttp for Gateway {
                 return Ok(false);
             }
             Verdict::Deny { limit, decision } => headers::rate_limited(&cfg, limit, &decision, now),
-            Verdict::Unavailable { limit } => {
-                headers::store_unavailable(&cfg, limit, STORE_DOWN_RETRY_AFTER_S)
-            }
+            Verdict::Unavailable { limit } => headers::store_unavailable(
+                "rate limit",
+                &cfg.limit(limit).name,
+                STORE_DOWN_RETRY_AFTER_S,
+            ),
         };
         if let Some(d) = ctx.degraded {
             let _ = answer.0.insert_header(headers::DEGRADED, d.header_value());

@@ -1,7 +1,9 @@
 //! Counter keys. User-supplied parts (API keys, IPs, header values) are hashed with the limit
 //! name into a fixed 16-byte key; they are never stored verbatim.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// A limit's counter for one caller: BLAKE3 of the limit name and the key parts, truncated to
 /// 128 bits.
@@ -40,6 +42,36 @@ impl fmt::Debug for CounterKey {
         write!(f, "CounterKey({})", self.hex())
     }
 }
+
+/// Keys are already uniformly distributed hashes: their last 8 bytes are the hash (the first
+/// byte picks a shard in the memory stores).
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | b as u64;
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+impl std::hash::Hash for CounterKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(u64::from_le_bytes(
+            self.0[8..16].try_into().expect("8 bytes"),
+        ));
+    }
+}
+
+/// A map keyed by counter keys, without rehashing them.
+pub type KeyMap<V> = HashMap<CounterKey, V, BuildHasherDefault<KeyHasher>>;
 
 #[cfg(test)]
 mod tests {

@@ -10,12 +10,11 @@
 //! (those whose counters matter least) are evicted, one sixteenth of the shard at a time, and
 //! counted in [`MemoryStore::evictions`].
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
+use super::key::KeyMap;
 use super::{Check, CounterKey};
 use crate::limit::{check, Decision, Outcome, State};
 
@@ -28,33 +27,7 @@ struct Entry {
     expires_at: u64,
 }
 
-/// Keys are already uniformly distributed hashes: use their first 8 bytes as the hash.
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | b as u64;
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-impl std::hash::Hash for CounterKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(u64::from_le_bytes(
-            self.0[8..16].try_into().expect("8 bytes"),
-        ));
-    }
-}
-
-type Shard = HashMap<CounterKey, Entry, BuildHasherDefault<KeyHasher>>;
+type Shard = KeyMap<Entry>;
 
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
