@@ -11,6 +11,7 @@ if [ "${1:-}" != "--build-only" ]; then
   command -v redis-cli >/dev/null || need+=(redis-tools)
   command -v redis-sentinel >/dev/null || need+=(redis-sentinel)
   command -v faketime >/dev/null || need+=(faketime)
+  command -v openssl >/dev/null || need+=(openssl)
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 

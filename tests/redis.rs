@@ -1224,3 +1224,65 @@ async fn redis_sentinel_failover_moves_the_gateway_to_the_new_master() {
         "{on_new_master:?}"
     );
 }
+
+/// `rediss://`: the gateway talks TLS to a redis-server with a TLS port (a self-signed
+/// certificate made here with the `openssl` command; `#insecure` skips verification of it) and
+/// limits exactly. The counters are read back over the server's plain port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_tls_url_limits_exactly() {
+    let certs = TempDir::new().expect("tempdir");
+    let (cert, key) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
+    let out = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("the openssl command is needed: apt-get install -y openssl");
+    assert!(
+        out.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tls_port = free_port();
+    let (cert_s, key_s) = (cert.display().to_string(), key.display().to_string());
+    let redis = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        &cert_s,
+        "--tls-key-file",
+        &key_s,
+        "--tls-ca-cert-file",
+        &cert_s,
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let up = Upstream::start().await;
+    let yaml = format!(
+        "store: {{ backend: redis, url: \"rediss://127.0.0.1:{tls_port}/#insecure\", key_prefix: tls, timeout: 5s, on_error: deny }}\n{}{}",
+        upstreams(&up),
+        routes_with_own_limit(&[("x".into(), "tls-limit".into(), "sliding_window", 20, "24h")])
+    );
+    let gw = Gw::start("tls", &yaml, &[], &[]).await;
+    gw.wait_readyz(200, Duration::from_secs(10)).await;
+    clear_of_window_boundary(DAY_S, 30).await;
+    let before = up.requests().await;
+    let t = blast(&[gw.url("/x")], 5, 10).await;
+    assert_exact("rediss", &t, 50, 20, &up, before).await;
+    let counters = dump(redis.port, "{tls:tls-limit:*");
+    assert_eq!(
+        counters.values().collect::<Vec<_>>(),
+        vec!["20"],
+        "{counters:?}"
+    );
+}

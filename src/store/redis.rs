@@ -45,6 +45,15 @@ pub const SCRIPT: &str = concat!(
     include_str!("../../lua/check.lua"),
 );
 
+/// `rediss://` uses rustls with the `ring` provider, installed once per process.
+fn install_tls_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Err means a provider is installed already, which is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 /// How long a connection attempt may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -165,6 +174,7 @@ impl RedisStore {
     /// Set up the store. No connection is made yet: the first check connects, so the gateway
     /// starts (and reports not ready) while Redis is down.
     pub fn new(topology: Topology, prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
+        install_tls_provider();
         let bad = |e: RedisError| StoreError::Unavailable(format!("invalid Redis settings: {e}"));
         let conn = match &topology {
             Topology::Single { url } => {
