@@ -63,6 +63,39 @@ fn request_path(c: &mut Criterion) {
         },
     );
 
+    // The response side: the decisive limit's five headers added to an upstream response.
+    let (ids, checks) = {
+        let caller = identify(&cfg, &headers, peer).unwrap();
+        let r = match_route(&cfg, &method, None, "/x").unwrap();
+        let (mut ids, mut checks) = (Vec::new(), Vec::new());
+        applicable(
+            &cfg,
+            &caller,
+            &cfg.routes[r],
+            &method,
+            &headers,
+            &mut ids,
+            &mut checks,
+        );
+        (ids, checks)
+    };
+    let mut out = Vec::new();
+    store.check(&checks, now, &mut out);
+    let decision = out[0];
+    c.bench_function(
+        "response headers: RateLimit, RateLimit-Policy, X-RateLimit-*",
+        |b| {
+            b.iter_batched(
+                || pingora_http::ResponseHeader::build(200, Some(8)).unwrap(),
+                |mut resp| {
+                    tollgate::headers::apply(&cfg, ids[0], &decision, now, &mut resp);
+                    black_box(resp)
+                },
+                BatchSize::SmallInput,
+            )
+        },
+    );
+
     // 10k distinct callers (keys) round robin.
     let keys: Vec<HeaderMap> = (0..10_000)
         .map(|i| {
