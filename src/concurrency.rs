@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, Method};
-use parking_lot::{Mutex, MutexGuard};
 use pingora_http::ResponseHeader;
 use serde_json::json;
 
@@ -33,7 +32,7 @@ use crate::config::{Config, KeyPart, OnError, Route};
 use crate::evaluate::{counter_key, Degraded};
 use crate::headers::{problem, QUOTA_EXCEEDED};
 use crate::identity::Caller;
-use crate::store::key::KeyMap;
+use crate::store::sharded::Sharded;
 use crate::store::{CounterKey, Store, StoreError};
 
 /// `Retry-After` (seconds) of a request refused by a concurrency limit: a slot frees as soon
@@ -352,17 +351,13 @@ impl Drop for Slots {
 }
 
 /// Number of shards of [`MemorySlots`]; a power of two.
-pub const SHARDS: usize = 64;
-
 /// One key's slots: (request id, taken at ms), oldest first.
 type Holders = VecDeque<(u64, u64)>;
-
-type Shard = KeyMap<Holders>;
 
 /// Slots in this process: per key, the requests holding one. A key exists only while some
 /// request holds a slot of it, so memory follows the requests in flight.
 pub struct MemorySlots {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Sharded<Holders>,
 }
 
 impl Default for MemorySlots {
@@ -374,7 +369,7 @@ impl Default for MemorySlots {
 impl MemorySlots {
     pub fn new() -> MemorySlots {
         MemorySlots {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: Sharded::default(),
         }
     }
 
@@ -384,26 +379,14 @@ impl MemorySlots {
         &GLOBAL
     }
 
-    fn shard_of(key: &CounterKey) -> usize {
-        key.0[0] as usize & (SHARDS - 1)
-    }
-
     /// Take a slot of every claim for request `id` at `now` (monotonic ms), all or nothing:
     /// `Err((index, in use))` of the first full enforcing claim, else the indexes of full
     /// shadow claims (which got no slot).
     pub fn take(&self, claims: &[Claim], id: u64, now: u64) -> Result<Vec<usize>, (usize, u64)> {
-        let mut ids: Vec<usize> = claims.iter().map(|c| Self::shard_of(&c.key)).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        let mut guards: Vec<MutexGuard<'_, Shard>> =
-            ids.iter().map(|&i| self.shards[i].lock()).collect();
-        let guard_of = |key: &CounterKey| {
-            ids.binary_search(&Self::shard_of(key))
-                .expect("shard locked")
-        };
+        let mut locked = self.shards.lock(claims.iter().map(|c| &c.key));
         let mut shadow_full = Vec::new();
         for (i, c) in claims.iter().enumerate() {
-            let shard = &mut guards[guard_of(&c.key)];
+            let shard = locked.map_mut(&c.key);
             let mut in_use = 0;
             if let Some(holders) = shard.get_mut(&c.key) {
                 while holders
@@ -428,7 +411,8 @@ impl MemorySlots {
             if shadow_full.contains(&i) {
                 continue;
             }
-            guards[guard_of(&c.key)]
+            locked
+                .map_mut(&c.key)
                 .entry(c.key)
                 .or_default()
                 .push_back((id, now));
@@ -440,7 +424,7 @@ impl MemorySlots {
     /// not freed twice.
     pub fn release(&self, keys: &[CounterKey], id: u64) {
         for key in keys {
-            let mut shard = self.shards[Self::shard_of(key)].lock();
+            let mut shard = self.shards.lock_one(key);
             if let Some(holders) = shard.get_mut(key) {
                 if let Some(pos) = holders.iter().position(|&(h, _)| h == id) {
                     holders.remove(pos);
@@ -455,8 +439,8 @@ impl MemorySlots {
     /// Slots held right now (including expired ones not yet dropped).
     pub fn held(&self) -> usize {
         self.shards
-            .iter()
-            .map(|s| s.lock().values().map(VecDeque::len).sum::<usize>())
+            .each()
+            .map(|s| s.values().map(VecDeque::len).sum::<usize>())
             .sum()
     }
 }
@@ -524,7 +508,7 @@ mod tests {
             t.release(&[c[0].key], id);
         }
         assert_eq!(t.held(), 0);
-        assert!(t.shards.iter().all(|s| s.lock().is_empty()));
+        assert!(t.shards.each().all(|s| s.is_empty()));
     }
 
     #[test]

@@ -12,14 +12,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::{Mutex, MutexGuard};
-
 use super::key::KeyMap;
-use super::{Check, CounterKey};
+use super::sharded::Sharded;
+pub use super::sharded::SHARDS;
+use super::Check;
 use crate::limit::{check, Decision, Outcome, State};
-
-/// Number of shards; a power of two.
-pub const SHARDS: usize = 64;
 
 struct Entry {
     state: State,
@@ -30,7 +27,7 @@ struct Entry {
 type Shard = KeyMap<Entry>;
 
 pub struct MemoryStore {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Sharded<Entry>,
     shard_cap: usize,
     evictions: AtomicU64,
 }
@@ -39,35 +36,22 @@ impl MemoryStore {
     /// A store that keeps at most `max_keys` keys (rounded up to a multiple of [`SHARDS`]).
     pub fn new(max_keys: usize) -> Self {
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: Sharded::default(),
             shard_cap: max_keys.div_ceil(SHARDS).max(1),
             evictions: AtomicU64::new(0),
         }
     }
 
-    fn shard_of(key: &CounterKey) -> usize {
-        key.0[0] as usize & (SHARDS - 1)
-    }
-
     /// Check all of a request's limits atomically; see the module docs.
     pub fn check(&self, checks: &[Check], now: u64, out: &mut Vec<Decision>) {
         out.clear();
-        // Lock every shard involved, in ascending order.
-        let mut ids: Vec<usize> = checks.iter().map(|c| Self::shard_of(&c.key)).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        let mut guards: Vec<MutexGuard<'_, Shard>> =
-            ids.iter().map(|&i| self.shards[i].lock()).collect();
-        let guard_of = |key: &CounterKey| {
-            ids.binary_search(&Self::shard_of(key))
-                .expect("shard locked")
-        };
+        let mut locked = self.shards.lock(checks.iter().map(|c| &c.key));
 
         let mut outcomes: Vec<Outcome> = Vec::with_capacity(checks.len());
         let mut admit = true;
         for c in checks {
-            let shard = &guards[guard_of(&c.key)];
-            let state = shard
+            let state = locked
+                .map(&c.key)
                 .get(&c.key)
                 .filter(|e| e.expires_at > now)
                 .map(|e| &e.state);
@@ -81,7 +65,7 @@ impl MemoryStore {
         }
         for (c, o) in checks.iter().zip(outcomes) {
             let Some(state) = o.next else { continue };
-            let shard = &mut guards[guard_of(&c.key)];
+            let shard = locked.map_mut(&c.key);
             if shard.len() >= self.shard_cap && !shard.contains_key(&c.key) {
                 self.make_room(shard, now);
             }
@@ -121,8 +105,7 @@ impl MemoryStore {
     /// Drop every expired key. Run periodically; takes one shard lock at a time.
     pub fn sweep(&self, now: u64) -> usize {
         let mut removed = 0;
-        for s in self.shards.iter() {
-            let mut s = s.lock();
+        for mut s in self.shards.each() {
             let before = s.len();
             s.retain(|_, e| e.expires_at > now);
             removed += before - s.len();
@@ -132,14 +115,14 @@ impl MemoryStore {
 
     /// Drop every counter.
     pub fn clear(&self) {
-        for s in self.shards.iter() {
-            s.lock().clear();
+        for mut s in self.shards.each() {
+            s.clear();
         }
     }
 
     /// Keys currently held (including expired ones not yet swept).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.shards.each().map(|s| s.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -156,6 +139,7 @@ impl MemoryStore {
 mod tests {
     use super::*;
     use crate::limit::{Algorithm, Quota};
+    use crate::store::CounterKey;
     use std::sync::Arc;
 
     fn one(store: &MemoryStore, key: &str, q: Quota, now: u64) -> bool {

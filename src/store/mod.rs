@@ -9,6 +9,7 @@ pub mod breaker;
 pub mod key;
 pub mod memory;
 pub mod redis;
+pub mod sharded;
 
 use std::sync::Arc;
 
