@@ -18,6 +18,7 @@ use crate::store::Store;
 pub struct Admin {
     pub config: Arc<ConfigHandle>,
     pub store: Arc<Store>,
+    pub shedder: Arc<crate::shed::Shedder>,
 }
 
 pub(crate) fn json_response(status: u16, body: serde_json::Value) -> Response<Vec<u8>> {
@@ -36,7 +37,7 @@ impl Admin {
     /// slots held by this process.
     fn stats(&self) -> serde_json::Value {
         let cfg = self.config.snapshot();
-        let mut body = crate::shed::Shedder::global().stats().to_json();
+        let mut body = self.shedder.stats().to_json();
         body["shedding"] = match &cfg.shedding {
             None => serde_json::Value::Null,
             Some(s) => {

@@ -38,6 +38,8 @@ pub struct Gateway {
     pub config: Arc<ConfigHandle>,
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
+    /// Requests in flight in this process, for load shedding.
+    pub shedder: Arc<Shedder>,
 }
 
 /// Per-request state shared across the filters.
@@ -119,7 +121,7 @@ impl ProxyHttp for Gateway {
             &req.headers,
             caller.api_key.as_deref(),
         );
-        match Shedder::global().admit(class, cfg.shedding.as_ref()) {
+        match self.shedder.admit(class, cfg.shedding.as_ref()) {
             Ok(in_flight) => ctx.in_flight = Some(in_flight),
             Err(shed) => return respond(session, shed.response()).await,
         }

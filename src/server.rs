@@ -18,6 +18,7 @@ use crate::config::reload::ConfigHandle;
 use crate::demo::DemoUpstream;
 use crate::limit::{Clock, SystemClock};
 use crate::proxy::Gateway;
+use crate::shed::Shedder;
 use crate::store::{MemoryStore, RedisStore, Store};
 
 /// How often the memory store drops expired keys.
@@ -98,10 +99,12 @@ pub fn run(config: Arc<ConfigHandle>) -> Result<(), StartError> {
                 .with_breaker(cfg.store.breaker),
         )),
     });
+    let shedder = Arc::new(Shedder::new());
     let gateway = Gateway {
         config: config.clone(),
         store: store.clone(),
         clock: Arc::new(SystemClock),
+        shedder: shedder.clone(),
     };
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
@@ -115,6 +118,7 @@ pub fn run(config: Arc<ConfigHandle>) -> Result<(), StartError> {
         Admin {
             config: config.clone(),
             store: store.clone(),
+            shedder,
         },
     );
     admin.add_tcp(&cfg.server.admin_listen.to_string());

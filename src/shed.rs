@@ -11,6 +11,7 @@
 //! decrement (the [`InFlight`] guard's drop) to leave.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::HeaderName;
@@ -193,16 +194,11 @@ impl Shedder {
         }
     }
 
-    /// The gateway process's shedder: "in flight" means in this process.
-    pub fn global() -> &'static Shedder {
-        static GLOBAL: Shedder = Shedder::new();
-        &GLOBAL
-    }
-
     /// Admit a request of `class`, or shed it. An admitted request is in flight until the
     /// returned guard drops. Without `shedding` nothing is shed, but requests are still counted.
+    /// One shedder serves the gateway process: "in flight" means in this process.
     pub fn admit(
-        &'static self,
+        self: &Arc<Self>,
         class: Priority,
         shedding: Option<&Shedding>,
     ) -> Result<InFlight, Shed> {
@@ -225,7 +221,9 @@ impl Shedder {
             }
         }
         self.admitted[class as usize].fetch_add(1, Ordering::Relaxed);
-        Ok(InFlight { shedder: self })
+        Ok(InFlight {
+            shedder: self.clone(),
+        })
     }
 
     pub fn in_flight(&self) -> u64 {
@@ -246,7 +244,7 @@ impl Shedder {
 /// request ends.
 #[derive(Debug)]
 pub struct InFlight {
-    shedder: &'static Shedder,
+    shedder: Arc<Shedder>,
 }
 
 impl Drop for InFlight {
@@ -282,8 +280,8 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
-    fn shedder() -> &'static Shedder {
-        Box::leak(Box::new(Shedder::new()))
+    fn shedder() -> Arc<Shedder> {
+        Arc::new(Shedder::new())
     }
 
     fn forty() -> Shedding {
@@ -357,7 +355,7 @@ mod tests {
         let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
         let threads: Vec<_> = (0..8)
             .map(|_| {
-                let (s, barrier) = (s.clone(), barrier.clone());
+                let (sh, s, barrier) = (sh.clone(), s.clone(), barrier.clone());
                 std::thread::spawn(move || {
                     barrier.wait();
                     (0..100)
