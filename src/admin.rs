@@ -19,6 +19,7 @@ pub struct Admin {
     pub config: Arc<ConfigHandle>,
     pub store: Arc<Store>,
     pub shedder: Arc<crate::shed::Shedder>,
+    pub slots: Arc<crate::concurrency::MemorySlots>,
 }
 
 pub(crate) fn json_response(status: u16, body: serde_json::Value) -> Response<Vec<u8>> {
@@ -53,7 +54,7 @@ impl Admin {
                 json!({ "max_in_flight": s.max_in_flight, "thresholds": classes })
             }
         };
-        body["concurrency"] = crate::concurrency::stats_json();
+        body["concurrency"] = crate::concurrency::stats_json(&self.slots);
         body
     }
 }

@@ -131,13 +131,20 @@ pub struct Report {
 }
 
 /// Take a slot of every claim, all or nothing.
-pub async fn acquire(cfg: &Config, store: &Arc<Store>, claims: &[Claim]) -> (Outcome, Report) {
+/// `slots` is this process's table: the memory store's slots, and where `on_error: local`
+/// limits take theirs while Redis is down.
+pub async fn acquire(
+    cfg: &Config,
+    store: &Arc<Store>,
+    slots: &Arc<MemorySlots>,
+    claims: &[Claim],
+) -> (Outcome, Report) {
     let mut report = Report::default();
     if claims.is_empty() {
         return (Outcome::Admitted(None), report);
     }
     let Store::Redis(redis) = &**store else {
-        let outcome = take_memory(MemorySlots::global(), claims, &mut report);
+        let outcome = take_memory(slots, claims, &mut report);
         return (outcome, report);
     };
     let keys: Vec<String> = claims
@@ -178,13 +185,18 @@ pub async fn acquire(cfg: &Config, store: &Arc<Store>, claims: &[Claim]) -> (Out
                 }));
             }
             report.store_error = Some(e);
-            let outcome = on_store_error(cfg, claims, &mut report);
+            let outcome = on_store_error(cfg, slots, claims, &mut report);
             (outcome, report)
         }
     }
 }
 
-fn on_store_error(cfg: &Config, claims: &[Claim], report: &mut Report) -> Outcome {
+fn on_store_error(
+    cfg: &Config,
+    slots: &Arc<MemorySlots>,
+    claims: &[Claim],
+    report: &mut Report,
+) -> Outcome {
     for c in claims {
         let l = &cfg.concurrency[c.id];
         if !l.shadow && l.on_error == OnError::Deny {
@@ -205,10 +217,10 @@ fn on_store_error(cfg: &Config, claims: &[Claim], report: &mut Report) -> Outcom
     } else {
         Degraded::Local
     });
-    take_memory(MemorySlots::global(), &local, report)
+    take_memory(slots, &local, report)
 }
 
-fn take_memory(table: &'static MemorySlots, claims: &[Claim], report: &mut Report) -> Outcome {
+fn take_memory(table: &Arc<MemorySlots>, claims: &[Claim], report: &mut Report) -> Outcome {
     if claims.is_empty() {
         return Outcome::Admitted(None);
     }
@@ -223,7 +235,7 @@ fn take_memory(table: &'static MemorySlots, claims: &[Claim], report: &mut Repor
                 .shadow_full
                 .extend(shadow_full.into_iter().map(|i| claims[i].id));
             Outcome::Admitted(Some(Slots::new(Held::Memory {
-                table,
+                table: table.clone(),
                 keys: claims.iter().map(|c| c.key).collect(),
                 id,
             })))
@@ -266,17 +278,17 @@ static HELD: AtomicU64 = AtomicU64::new(0);
 static RELEASING: AtomicU64 = AtomicU64::new(0);
 
 /// Counters for the admin listener.
-pub fn stats_json() -> serde_json::Value {
+pub fn stats_json(slots: &MemorySlots) -> serde_json::Value {
     json!({
         "requests_holding_slots": HELD.load(Ordering::Relaxed),
         "redis_releases_pending": RELEASING.load(Ordering::Relaxed),
-        "memory_slots": MemorySlots::global().held(),
+        "memory_slots": slots.held(),
     })
 }
 
 enum Held {
     Memory {
-        table: &'static MemorySlots,
+        table: Arc<MemorySlots>,
         keys: Vec<CounterKey>,
         id: u64,
     },
@@ -371,12 +383,6 @@ impl MemorySlots {
         MemorySlots {
             shards: Sharded::default(),
         }
-    }
-
-    /// The process's table: the memory store's slots, and the `local` fallback of Redis.
-    pub fn global() -> &'static MemorySlots {
-        static GLOBAL: LazyLock<MemorySlots> = LazyLock::new(MemorySlots::new);
-        &GLOBAL
     }
 
     /// Take a slot of every claim for request `id` at `now` (monotonic ms), all or nothing:
@@ -554,12 +560,12 @@ mod tests {
 
     #[test]
     fn exact_under_concurrency() {
-        let t: &'static MemorySlots = Box::leak(Box::new(MemorySlots::new()));
+        let t = Arc::new(MemorySlots::new());
         let c = claim("k", 20, 60_000, false);
         let barrier = Arc::new(std::sync::Barrier::new(8));
         let threads: Vec<_> = (0..8u64)
             .map(|n| {
-                let (c, barrier) = (c.clone(), barrier.clone());
+                let (t, c, barrier) = (t.clone(), c.clone(), barrier.clone());
                 std::thread::spawn(move || {
                     barrier.wait();
                     (0..50u64)
@@ -575,7 +581,7 @@ mod tests {
 
     #[test]
     fn dropping_the_guard_releases() {
-        let t: &'static MemorySlots = Box::leak(Box::new(MemorySlots::new()));
+        let t = &Arc::new(MemorySlots::new());
         let c = [claim("k", 1, 60_000, false)];
         let mut report = Report::default();
         let Outcome::Admitted(Some(slots)) = take_memory(t, &c, &mut report) else {

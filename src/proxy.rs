@@ -18,6 +18,7 @@ use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
+use crate::concurrency::MemorySlots;
 use crate::concurrency::{self, Outcome, Slots};
 use crate::config::reload::ConfigHandle;
 use crate::config::{Config, LimitId};
@@ -40,6 +41,8 @@ pub struct Gateway {
     pub clock: Arc<dyn Clock>,
     /// Requests in flight in this process, for load shedding.
     pub shedder: Arc<Shedder>,
+    /// Concurrency slots held in this process (memory store, and `local` fallback).
+    pub slots: Arc<MemorySlots>,
 }
 
 /// Per-request state shared across the filters.
@@ -130,7 +133,8 @@ impl ProxyHttp for Gateway {
         let mut claims = Vec::new();
         concurrency::applicable(&cfg, &caller, route, &req.method, &req.headers, &mut claims);
         if !claims.is_empty() {
-            let (outcome, report) = concurrency::acquire(&cfg, &self.store, &claims).await;
+            let (outcome, report) =
+                concurrency::acquire(&cfg, &self.store, &self.slots, &claims).await;
             for &id in &report.shadow_full {
                 tracing::info!(limit = %cfg.concurrency[id].name, client_ip = %caller.client_ip, "shadow limit would deny");
             }

@@ -14,6 +14,7 @@ use pingora_core::services::background::{background_service, BackgroundService};
 use pingora_core::services::listening::Service;
 
 use crate::admin::Admin;
+use crate::concurrency::MemorySlots;
 use crate::config::reload::ConfigHandle;
 use crate::demo::DemoUpstream;
 use crate::limit::{Clock, SystemClock};
@@ -100,11 +101,13 @@ pub fn run(config: Arc<ConfigHandle>) -> Result<(), StartError> {
         )),
     });
     let shedder = Arc::new(Shedder::new());
+    let slots = Arc::new(MemorySlots::new());
     let gateway = Gateway {
         config: config.clone(),
         store: store.clone(),
         clock: Arc::new(SystemClock),
         shedder: shedder.clone(),
+        slots: slots.clone(),
     };
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
@@ -119,6 +122,7 @@ pub fn run(config: Arc<ConfigHandle>) -> Result<(), StartError> {
             config: config.clone(),
             store: store.clone(),
             shedder,
+            slots,
         },
     );
     admin.add_tcp(&cfg.server.admin_listen.to_string());
