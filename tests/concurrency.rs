@@ -86,28 +86,12 @@ fn statuses(resps: &[Option<RawResp>]) -> Vec<u16> {
     s
 }
 
-/// `GET /stats` of the admin listener.
-async fn stats(gw: &Gateway) -> serde_json::Value {
-    thread_local! {
-        // One client (and keep-alive connection) per test thread: tests poll this often.
-        static CLIENT: reqwest::Client = common::client();
-    }
-    let client = CLIENT.with(|c| c.clone());
-    let r = client
-        .get(format!("http://{}/stats", gw.admin))
-        .send()
-        .await
-        .expect("GET /stats");
-    assert_eq!(r.status(), 200);
-    r.json().await.expect("stats JSON")
-}
-
 /// Poll `GET /stats` until no request of the gateway holds a concurrency slot and its
 /// in-process table is empty; panics after `within`.
 async fn wait_slots_free(gw: &Gateway, within: Duration) -> Duration {
     let start = Instant::now();
     loop {
-        let s = stats(gw).await;
+        let s = gw.stats().await;
         let c = &s["concurrency"];
         if c["requests_holding_slots"] == 0
             && c["memory_slots"] == 0
@@ -253,7 +237,7 @@ async fn slots_are_released_when_clients_disconnect_mid_request() {
     // gives every slot back at once.
     drop(conns);
     wait_slots_free(&gw, Duration::from_secs(2)).await;
-    assert_eq!(stats(&gw).await["in_flight"], 0);
+    assert_eq!(gw.stats().await["in_flight"], 0);
     assert!(
         upstream.stats().await.in_flight > 0,
         "the upstream still works on the abandoned requests"

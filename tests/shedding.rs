@@ -60,25 +60,9 @@ fn request(class: &str, n: usize, hold_ms: u64) -> String {
     )
 }
 
-/// `GET /stats` of the admin listener.
-async fn stats(gw: &Gateway) -> serde_json::Value {
-    thread_local! {
-        // One client (and keep-alive connection) per test thread: tests poll this often.
-        static CLIENT: reqwest::Client = common::client();
-    }
-    let client = CLIENT.with(|c| c.clone());
-    let r = client
-        .get(format!("http://{}/stats", gw.admin))
-        .send()
-        .await
-        .expect("GET /stats");
-    assert_eq!(r.status(), 200);
-    r.json().await.expect("stats JSON")
-}
-
 /// (admitted, shed) of each class, from `/stats`, in [`CLASSES`] order.
 async fn decided(gw: &Gateway) -> [(u64, u64); 4] {
-    let s = stats(gw).await;
+    let s = gw.stats().await;
     CLASSES.map(|c| {
         let class = &s["classes"][c];
         (
@@ -142,11 +126,11 @@ fn assert_shed(r: &RawResp, class: &str) {
 /// Poll until the gateway has no request in flight; panics after 10 s.
 async fn wait_idle(gw: &Gateway) {
     let start = Instant::now();
-    while stats(gw).await["in_flight"] != 0 {
+    while gw.stats().await["in_flight"] != 0 {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "requests still in flight: {}",
-            stats(gw).await
+            gw.stats().await
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -209,7 +193,7 @@ async fn a_mixed_load_at_three_times_capacity_sheds_test_then_get_then_post_neve
     // Everything admitted is at the upstream at once; nothing shed ever reached it.
     let s = upstream.stats().await;
     assert_eq!((s.requests, s.in_flight), (55, 55), "{s:?}");
-    assert_eq!(stats(&gw).await["in_flight"], 55);
+    assert_eq!(gw.stats().await["in_flight"], 55);
 
     // What the clients got, per class: the admitted ones 200 once the upstream answers.
     let mut got: [(u64, u64); 4] = [(0, 0); 4];
@@ -459,5 +443,5 @@ shedding: {{ max_in_flight: 4, thresholds: {{ test: 0.25, get: 0.5, post: 0.75 }
     let d = decided(&gw).await;
     assert_eq!(d.map(|c| c.1), [0; 4], "nothing shed: {d:?}");
     assert_eq!(d.iter().map(|c| c.0).sum::<u64>(), 60);
-    assert!(stats(&gw).await["shedding"].is_null());
+    assert!(gw.stats().await["shedding"].is_null());
 }

@@ -515,6 +515,18 @@ impl Gateway {
         r.json().await.expect("readyz JSON")
     }
 
+    /// `GET /stats` of the admin listener: requests in flight, shedding per class, slots.
+    pub async fn stats(&self) -> serde_json::Value {
+        let r = self
+            .client
+            .get(format!("http://{}/stats", self.admin))
+            .send()
+            .await
+            .expect("GET /stats");
+        assert_eq!(r.status(), StatusCode::OK);
+        r.json().await.expect("stats JSON")
+    }
+
     /// Successful reloads since start, from `/readyz`.
     pub async fn generation(&self) -> u64 {
         self.readyz().await["config_generation"]
