@@ -7,10 +7,10 @@ use std::net::IpAddr;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use http::{HeaderMap, Method};
-use tollgate::config::{from_yaml, Overrides};
+use tollgate::config::{from_yaml, Config, LimitId, Overrides};
 use tollgate::evaluate::applicable;
 use tollgate::identity::identify;
-use tollgate::limit::{check, Algorithm, Quota};
+use tollgate::limit::{check, Algorithm, Decision, Quota};
 use tollgate::route::match_route;
 use tollgate::store::MemoryStore;
 
@@ -31,13 +31,38 @@ limits:
   - { name: global, key: [], algorithm: fixed_window, limit: 100000000, window: 1s }
 "#;
 
+/// What `request_filter` does to decide: identify, route, build the keys, check the store.
+fn decide(
+    cfg: &Config,
+    store: &MemoryStore,
+    headers: &HeaderMap,
+    peer: IpAddr,
+    path: &str,
+    now: u64,
+) -> (Vec<LimitId>, Vec<Decision>) {
+    let method = Method::GET;
+    let caller = identify(cfg, headers, peer).unwrap();
+    let r = match_route(cfg, &method, Some("example.com"), path).unwrap();
+    let (mut ids, mut checks, mut out) = (Vec::new(), Vec::new(), Vec::new());
+    applicable(
+        cfg,
+        &caller,
+        &cfg.routes[r],
+        &method,
+        headers,
+        &mut ids,
+        &mut checks,
+    );
+    store.check(&checks, now, &mut out);
+    (ids, out)
+}
+
 fn request_path(c: &mut Criterion) {
     let cfg = from_yaml("bench.yaml", CONFIG, &Overrides::default()).expect("config");
     let store = MemoryStore::new(1_000_000);
     let mut headers = HeaderMap::new();
     headers.insert("x-api-key", "demo-free".parse().unwrap());
     let peer: IpAddr = "203.0.113.7".parse().unwrap();
-    let method = Method::GET;
     let mut now = 1_700_000_000_000u64;
 
     c.bench_function(
@@ -45,42 +70,14 @@ fn request_path(c: &mut Criterion) {
         |b| {
             b.iter(|| {
                 now += 1;
-                let caller = identify(&cfg, &headers, peer).unwrap();
-                let r = match_route(&cfg, &method, Some("example.com"), "/api/v1/items/7").unwrap();
-                let (mut ids, mut checks, mut out) = (Vec::new(), Vec::new(), Vec::new());
-                applicable(
-                    &cfg,
-                    &caller,
-                    &cfg.routes[r],
-                    &method,
-                    &headers,
-                    &mut ids,
-                    &mut checks,
-                );
-                store.check(&checks, now, &mut out);
+                let (_, out) = decide(&cfg, &store, &headers, peer, "/api/v1/items/7", now);
                 black_box(out[0].allowed)
             })
         },
     );
 
     // The response side: the decisive limit's five headers added to an upstream response.
-    let (ids, checks) = {
-        let caller = identify(&cfg, &headers, peer).unwrap();
-        let r = match_route(&cfg, &method, None, "/x").unwrap();
-        let (mut ids, mut checks) = (Vec::new(), Vec::new());
-        applicable(
-            &cfg,
-            &caller,
-            &cfg.routes[r],
-            &method,
-            &headers,
-            &mut ids,
-            &mut checks,
-        );
-        (ids, checks)
-    };
-    let mut out = Vec::new();
-    store.check(&checks, now, &mut out);
+    let (ids, out) = decide(&cfg, &store, &headers, peer, "/x", now);
     let decision = out[0];
     c.bench_function(
         "response headers: RateLimit, RateLimit-Policy, X-RateLimit-*",
@@ -109,19 +106,7 @@ fn request_path(c: &mut Criterion) {
         b.iter(|| {
             now += 1;
             i = (i + 1) % keys.len();
-            let caller = identify(&cfg, &keys[i], peer).unwrap();
-            let r = match_route(&cfg, &method, None, "/x").unwrap();
-            let (mut ids, mut checks, mut out) = (Vec::new(), Vec::new(), Vec::new());
-            applicable(
-                &cfg,
-                &caller,
-                &cfg.routes[r],
-                &method,
-                &keys[i],
-                &mut ids,
-                &mut checks,
-            );
-            store.check(&checks, now, &mut out);
+            let (_, out) = decide(&cfg, &store, &keys[i], peer, "/x", now);
             black_box(out[0].allowed)
         })
     });
