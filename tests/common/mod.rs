@@ -228,6 +228,19 @@ pub async fn get(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) 
     send(client, Method::GET, url, headers, None).await
 }
 
+/// `GET url`, which must answer 200 with JSON.
+pub async fn get_json<T: serde::de::DeserializeOwned>(client: &reqwest::Client, url: &str) -> T {
+    let r = client
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    assert_eq!(r.status(), StatusCode::OK, "GET {url}");
+    r.json()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: not JSON: {e}"))
+}
+
 /// A child process that is killed (SIGKILL, by PID) and reaped when dropped.
 pub struct Proc {
     name: String,
@@ -381,14 +394,7 @@ impl Upstream {
     }
 
     pub async fn stats(&self) -> Stats {
-        let r = self
-            .client
-            .get(format!("http://{}/__demo/stats", self.addr))
-            .send()
-            .await
-            .expect("GET /__demo/stats");
-        assert_eq!(r.status(), StatusCode::OK);
-        r.json().await.expect("stats JSON")
+        get_json(&self.client, &format!("http://{}/__demo/stats", self.addr)).await
     }
 
     pub async fn requests(&self) -> u64 {
@@ -505,26 +511,12 @@ impl Gateway {
 
     /// `GET /readyz` of the admin listener.
     pub async fn readyz(&self) -> serde_json::Value {
-        let r = self
-            .client
-            .get(format!("http://{}/readyz", self.admin))
-            .send()
-            .await
-            .expect("GET /readyz");
-        assert_eq!(r.status(), StatusCode::OK);
-        r.json().await.expect("readyz JSON")
+        get_json(&self.client, &format!("http://{}/readyz", self.admin)).await
     }
 
     /// `GET /stats` of the admin listener: requests in flight, shedding per class, slots.
     pub async fn stats(&self) -> serde_json::Value {
-        let r = self
-            .client
-            .get(format!("http://{}/stats", self.admin))
-            .send()
-            .await
-            .expect("GET /stats");
-        assert_eq!(r.status(), StatusCode::OK);
-        r.json().await.expect("stats JSON")
+        get_json(&self.client, &format!("http://{}/stats", self.admin)).await
     }
 
     /// Successful reloads since start, from `/readyz`.
