@@ -3,11 +3,18 @@
 # ceiling. Starts its own redis-server on a free loopback port (pinned to core 0), stops it
 # at the end. Prints, per algorithm:
 #   usec_per_call  EVALSHA time inside Redis (INFO commandstats) under redis-benchmark
+#   ÷incr          usec_per_call ÷ that of the INCR+EXPIRE reference script, same run
 #   redis_ceiling  decisions/s of redis-benchmark EVALSHA, 50 clients, pipeline 16: what one
 #                  Redis core can do with this script
 #   gateway_store  decisions/s of one tollgate process (examples/store_throughput, 64 tasks on
 #                  one multiplexed connection, core 1)
 #   ratio          gateway_store / redis_ceiling, measured in the same run
+# Reference scripts, measured the same way first (these machines drift 20-40% between runs,
+# so compare rows of one run only):
+#   empty          `return 1`: what any EVALSHA costs
+#   incr+expire    INCR, and EXPIRE when the key is new: the issue's 2.4 µs anchor
+#   time+incrby    TIME, INCRBY, and PEXPIRE when the key is new: the least any script that
+#                  reads Redis's clock and writes a counter can cost
 # Usage: loadtest/redis_scripts.sh [seconds-per-run] [requests-for-redis-benchmark]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,20 +30,41 @@ cli() { redis-cli -p "$port" "$@"; }
 for _ in $(seq 50); do [ "$(cli PING 2>/dev/null)" = PONG ] && break; sleep 0.1; done
 
 cargo build --release --quiet --example store_throughput
-script=$(cat lua/prelude.lua lua/sliding_window.lua lua/fixed_window.lua lua/sliding_log.lua lua/token_bucket.lua lua/gcra.lua lua/check.lua)
-sha=$(cli SCRIPT LOAD "$script")
-printf '%-15s %14s %14s %14s %7s\n' algorithm usec_per_call redis_ceiling gateway_store ratio
-code=0
-for alg in sliding_window fixed_window sliding_log token_bucket gcra; do
-  code=$((code + 1))
+
+# bench SCRIPT KEY ARGS...: sets usec (usec_per_call) and rb (redis-benchmark decisions/s).
+bench() {
+  local sha out
+  sha=$(cli SCRIPT LOAD "$1"); shift
   cli FLUSHALL >/dev/null; cli CONFIG RESETSTAT >/dev/null
-  # One limit of 1,000,000 per minute on 10,000 random keys: nearly every call admits and writes.
   out=$(taskset -c 1 redis-benchmark -p "$port" -c 50 -P 16 -n "$n" -r 10000 -q \
-        EVALSHA "$sha" 1 "{bench:$alg:__rand_int__}" "" "$code" 1000000 60000 1000000 1 0 2>/dev/null | tr '\r' '\n' | grep -E 'requests per second' | tail -1)
+        EVALSHA "$sha" 1 "$@" 2>/dev/null | tr '\r' '\n' | grep -E 'requests per second' | tail -1)
   rb=$(echo "$out" | grep -oE '[0-9]+(\.[0-9]+)? requests per second' | grep -oE '^[0-9.]+')
   usec=$(cli INFO commandstats | grep -E '^cmdstat_evalsha:' | sed -E 's/.*usec_per_call=([0-9.]+).*/\1/')
   cli FLUSHALL >/dev/null
+}
+
+printf '%-15s %14s %6s %14s %14s %7s\n' script usec_per_call ÷incr redis_ceiling gateway_store ratio
+bench 'return 1' "{bench:empty:__rand_int__}"
+printf '%-15s %14s %6s %14.0f\n' empty "$usec" "" "$rb"
+bench "local v = redis.call('INCR', KEYS[1])
+if v == 1 then redis.call('EXPIRE', KEYS[1], 60) end
+return v" "{bench:incr:__rand_int__}"
+incr=$usec
+printf '%-15s %14s %6s %14.0f\n' incr+expire "$usec" 1.00 "$rb"
+bench "local t = redis.call('TIME')
+local v = redis.call('INCRBY', KEYS[1], ARGV[1])
+if v == tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], 60000) end
+return { v, t[1] }" "{bench:time:__rand_int__}" 1
+printf '%-15s %14s %6.2f %14.0f\n' time+incrby "$usec" "$(python3 -c "print($usec/$incr)")" "$rb"
+
+code=0
+for alg in sliding_window fixed_window sliding_log token_bucket gcra; do
+  code=$((code + 1))
+  # The script the gateway runs for a request whose limits all use this algorithm (see
+  # SCRIPTS in src/store/redis.rs). One limit of 1,000,000 per minute on 10,000 random keys:
+  # nearly every call admits and writes.
+  bench "$(cat lua/prelude.lua "lua/$alg.lua" lua/check.lua)" "{bench:$alg:__rand_int__}" \
+    "" "$code" 1000000 60000 1000000 1 0
   gw=$(taskset -c 1 target/release/examples/store_throughput "redis://127.0.0.1:$port" "$alg" "$secs" 64 | sed -E 's/.*decisions_per_s=([0-9]+).*/\1/')
-  ratio=$(python3 -c "print(f'{$gw/$rb:.2f}')")
-  printf '%-15s %14s %14.0f %14s %7s\n' "$alg" "$usec" "$rb" "$gw" "$ratio"
+  printf '%-15s %14s %6.2f %14.0f %14s %7.2f\n' "$alg" "$usec" "$(python3 -c "print($usec/$incr)")" "$rb" "$gw" "$(python3 -c "print($gw/$rb)")"
 done

@@ -6,21 +6,25 @@
 -- Returns 4 integers per limit: allowed, remaining, reset after (ms), retry after (ms);
 -- then 1 if the request was admitted (and every admitting limit consumed `cost`), else 0;
 -- then the time decided at (ms), so every gateway reports resets on Redis's clock.
-local now = tonumber(ARGV[1])
-if now then
-  SLACK = 60000
-else
+-- Numeric arguments are converted by arithmetic (x + 0), which costs Redis about half what a
+-- tonumber call does; every one of them is a decimal integer the gateway wrote.
+local now
+if ARGV[1] == '' then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local us = t[2] + 0
+  now = t[1] * 1000 + (us - us % 1000) / 1000
+else
+  now = ARGV[1] + 0
+  SLACK = 60000
 end
 local n = #KEYS
 if n == 1 then
   -- One limit: decide and write in one step.
-  local cost = tonumber(ARGV[6])
-  local allowed, remaining, reset, retry, op, key, a, b, ttl = ALG[tonumber(ARGV[2])](
-    KEYS[1], now, tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), cost)
+  local cost = ARGV[6] + 0
+  local allowed, remaining, reset, retry, op, key, a, b, ttl = ALG[ARGV[2]](
+    KEYS[1], now, ARGV[3] + 0, ARGV[4] + 0, ARGV[5] + 0, cost)
   if allowed == 1 then
-    apply(op, key, a, b, ttl, now, cost)
+    apply(op, key, a, b, ttl, now, ARGV[6])
     return { 1, remaining, reset, 0, 1, now }
   end
   return { 0, remaining, reset, math.max(retry, 1), ARGV[7] == '1' and 1 or 0, now }
@@ -28,11 +32,11 @@ end
 local out, writes, admit = {}, {}, true
 for i = 1, n do
   local j = 2 + (i - 1) * 6
-  local cost = tonumber(ARGV[j + 4])
-  local allowed, remaining, reset, retry, op, key, a, b, ttl = ALG[tonumber(ARGV[j])](
-    KEYS[i], now, tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]), cost)
+  local cost = ARGV[j + 4] + 0
+  local allowed, remaining, reset, retry, op, key, a, b, ttl = ALG[ARGV[j]](
+    KEYS[i], now, ARGV[j + 1] + 0, ARGV[j + 2] + 0, ARGV[j + 3] + 0, cost)
   if allowed == 1 then
-    writes[#writes + 1] = { op, key, a, b, ttl, cost }
+    writes[#writes + 1] = { op, key, a, b, ttl, ARGV[j + 4] }
     retry = 0
   else
     retry = math.max(retry, 1)

@@ -1,8 +1,8 @@
 -- fixed_window: one counter per window aligned to the Unix epoch.
 -- Key: <base>:<window start ms> holds the count, expiring at the window end.
-ALG[2] = function(base, now, limit, w, burst, cost)
+ALG['2'] = function(base, now, limit, w, burst, cost)
   local start = now - now % w
-  local key = base .. ':' .. int(start)
+  local key = base .. ':' .. start
   local count = tonumber(redis.call('GET', key) or '0')
   local reset = start + w - now
   if count + cost <= limit then

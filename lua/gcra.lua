@@ -1,7 +1,7 @@
 -- gcra: a token bucket kept as one value, the theoretical arrival time (TAT) in microseconds.
 -- The emission interval is rounded up to whole microseconds. Key: <base> holds the TAT,
 -- expiring when it is reached.
-ALG[5] = function(base, now, limit, w, burst, cost)
+ALG['5'] = function(base, now, limit, w, burst, cost)
   local t = cdiv(w * 1000, limit)
   local now_us = now * 1000
   local tolerance = burst * t

@@ -1,6 +1,6 @@
 -- sliding_log: exact. A sorted set of admitted requests, score = time (ms), member =
 -- "<time>:<cost>" (requests in the same millisecond are merged into one member).
-ALG[3] = function(base, now, limit, w, burst, cost)
+ALG['3'] = function(base, now, limit, w, burst, cost)
   redis.call('ZREMRANGEBYSCORE', base, '-inf', int(now - w))
   local entries = redis.call('ZRANGE', base, 0, -1)
   local used, costs, times = 0, {}, {}

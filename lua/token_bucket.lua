@@ -1,6 +1,6 @@
 -- token_bucket: capacity `burst`, refilled at limit / w. Tokens are scaled by w so the refill
 -- is `limit` per ms. Key: <base> holds "<tokens>:<last ms>", expiring when the bucket is full.
-ALG[4] = function(base, now, limit, w, burst, cost)
+ALG['4'] = function(base, now, limit, w, burst, cost)
   local capacity = burst * w
   local tokens = capacity
   local v = redis.call('GET', base)

@@ -2,7 +2,8 @@
 //!
 //! All of a request's limits are checked by one call of one Lua script (EVALSHA; on NOSCRIPT
 //! the script is loaded and that call retried once, which is safe because NOSCRIPT means it
-//! did not run). The script reads the clock with `TIME`, so gateway clocks do not matter,
+//! did not run). There is one script per algorithm and one for requests that mix algorithms
+//! (see [`SCRIPTS`]). The script reads the clock with `TIME`, so gateway clocks do not matter,
 //! checks every limit, and consumes only if all enforcing limits admit.
 //!
 //! Keys: `{<prefix>:<limit>:<hash>}` plus a suffix per algorithm (see `lua/`), so every key of
@@ -21,7 +22,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{RedisError, Script, ScriptInvocation};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use tokio::sync::Mutex as AsyncMutex;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,16 +35,62 @@ use crate::limit::{Algorithm, Decision};
 /// Concurrency slots (`kind: concurrency`): their own take and release scripts.
 mod concurrency;
 
-/// The script: prelude, the five algorithms, and the all-or-nothing dispatcher.
-pub const SCRIPT: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
-    include_str!("../../lua/sliding_window.lua"),
-    include_str!("../../lua/fixed_window.lua"),
-    include_str!("../../lua/sliding_log.lua"),
-    include_str!("../../lua/token_bucket.lua"),
-    include_str!("../../lua/gcra.lua"),
-    include_str!("../../lua/check.lua"),
+/// A check script: the prelude, the given algorithm files, and the all-or-nothing dispatcher.
+macro_rules! check_script {
+    ($($algorithm:literal),+) => {
+        concat!(
+            include_str!("../../lua/prelude.lua"),
+            $(include_str!(concat!("../../lua/", $algorithm, ".lua")),)+
+            include_str!("../../lua/check.lua"),
+        )
+    };
+}
+
+/// The check scripts, indexed by `algorithm_code - 1`: one per algorithm, for the calls
+/// whose limits all use it (nearly all: most requests have one limit). Each carries only its
+/// own algorithm, because every call runs the whole script body, and defining unused
+/// algorithms costs Redis time on every call.
+pub const SCRIPTS: [&str; 5] = [
+    check_script!("sliding_window"),
+    check_script!("fixed_window"),
+    check_script!("sliding_log"),
+    check_script!("token_bucket"),
+    check_script!("gcra"),
+];
+
+/// The check script for calls whose limits mix algorithms: all five.
+pub const MIXED_SCRIPT: &str = check_script!(
+    "sliding_window",
+    "fixed_window",
+    "sliding_log",
+    "token_bucket",
+    "gcra"
 );
+
+/// The scripts with their SHA1s, computed once per process.
+struct Scripts {
+    by_algorithm: [Script; 5],
+    mixed: Script,
+}
+
+static CHECK_SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    by_algorithm: SCRIPTS.map(Script::new),
+    mixed: Script::new(MIXED_SCRIPT),
+});
+
+impl Scripts {
+    /// The script for the checks at `idx`: their algorithm's, or the mixed one.
+    fn for_checks(&self, checks: &[Check], idx: &[usize]) -> &Script {
+        let mut algorithms = idx.iter().map(|&i| checks[i].quota.algorithm);
+        match algorithms.next() {
+            Some(first) if algorithms.all(|a| a == first) => {
+                &self.by_algorithm[usize::from(algorithm_code(first)) - 1]
+            }
+            Some(_) => &self.mixed,
+            None => &self.by_algorithm[0],
+        }
+    }
+}
 
 /// `rediss://` uses rustls with the `ring` provider, installed once per process.
 fn install_tls_provider() {
@@ -134,7 +181,6 @@ struct SentinelConn {
 pub struct RedisStore {
     conn: Conn,
     topology: Topology,
-    script: Script,
     prefix: String,
     timeout: Duration,
     /// Production: false, the script reads Redis's clock. Tests replaying decision sequences
@@ -214,7 +260,6 @@ impl RedisStore {
         Ok(RedisStore {
             conn,
             topology,
-            script: Script::new(SCRIPT),
             prefix: prefix.to_string(),
             timeout,
             explicit_time: false,
@@ -326,7 +371,7 @@ impl RedisStore {
         idx: &[usize],
         now: u64,
     ) -> Result<(bool, Vec<Decision>, u64), StoreError> {
-        let mut inv: ScriptInvocation<'_> = self.script.prepare_invoke();
+        let mut inv: ScriptInvocation<'_> = CHECK_SCRIPTS.for_checks(checks, idx).prepare_invoke();
         if self.explicit_time {
             inv.arg(now);
         } else {
@@ -478,7 +523,7 @@ impl RedisStore {
     /// circuit breaker: not ready while the breaker is open; after the cooldown this call can
     /// be the probe that closes it, so readiness recovers even without request traffic.
     pub async fn ping(&self) -> bool {
-        let mut inv = self.script.prepare_invoke();
+        let mut inv = CHECK_SCRIPTS.by_algorithm[0].prepare_invoke();
         inv.arg("");
         self.guarded(&inv, self.timeout.max(Duration::from_millis(250)))
             .await
