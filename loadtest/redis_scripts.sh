@@ -9,8 +9,9 @@
 #   gateway_store  decisions/s of one tollgate process (examples/store_throughput, 64 tasks on
 #                  one multiplexed connection, core 1)
 #   ratio          gateway_store / redis_ceiling, measured in the same run
-# Reference scripts, measured the same way first (these machines drift 20-40% between runs,
-# so compare rows of one run only):
+# Every script is measured in three interleaved rounds and the medians are printed, with
+# three reference scripts (these machines drift 20-40% between runs, so compare rows of one
+# run only):
 #   empty          `return 1`: what any EVALSHA costs
 #   incr+expire    INCR, and EXPIRE when the key is new: the issue's 2.4 µs anchor
 #   time+incrby    TIME, INCRBY, and PEXPIRE when the key is new: the least any script that
@@ -43,28 +44,51 @@ bench() {
   cli FLUSHALL >/dev/null
 }
 
-printf '%-15s %14s %6s %14s %14s %7s\n' script usec_per_call ÷incr redis_ceiling gateway_store ratio
-bench 'return 1' "{bench:empty:__rand_int__}"
-printf '%-15s %14s %6s %14.0f\n' empty "$usec" "" "$rb"
-bench "local v = redis.call('INCR', KEYS[1])
+median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+
+algorithms=(sliding_window fixed_window sliding_log token_bucket gcra)
+declare -A script key args usecs rbs
+script[empty]='return 1'
+key[empty]='{bench:empty:__rand_int__}'
+script[incr+expire]="local v = redis.call('INCR', KEYS[1])
 if v == 1 then redis.call('EXPIRE', KEYS[1], 60) end
-return v" "{bench:incr:__rand_int__}"
-incr=$usec
-printf '%-15s %14s %6s %14.0f\n' incr+expire "$usec" 1.00 "$rb"
-bench "local t = redis.call('TIME')
+return v"
+key[incr+expire]='{bench:incr:__rand_int__}'
+script[time+incrby]="local t = redis.call('TIME')
 local v = redis.call('INCRBY', KEYS[1], ARGV[1])
 if v == tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], 60000) end
-return { v, t[1] }" "{bench:time:__rand_int__}" 1
-printf '%-15s %14s %6.2f %14.0f\n' time+incrby "$usec" "$(python3 -c "print($usec/$incr)")" "$rb"
-
+return { v, t[1] }"
+key[time+incrby]='{bench:time:__rand_int__}'
+args[time+incrby]=1
 code=0
-for alg in sliding_window fixed_window sliding_log token_bucket gcra; do
+for alg in "${algorithms[@]}"; do
   code=$((code + 1))
   # The script the gateway runs for a request whose limits all use this algorithm (see
   # SCRIPTS in src/store/redis.rs). One limit of 1,000,000 per minute on 10,000 random keys:
   # nearly every call admits and writes.
-  bench "$(cat lua/prelude.lua "lua/$alg.lua" lua/check.lua)" "{bench:$alg:__rand_int__}" \
-    "" "$code" 1000000 60000 1000000 1 0
-  gw=$(taskset -c 1 target/release/examples/store_throughput "redis://127.0.0.1:$port" "$alg" "$secs" 64 | sed -E 's/.*decisions_per_s=([0-9]+).*/\1/')
-  printf '%-15s %14s %6.2f %14.0f %14s %7.2f\n' "$alg" "$usec" "$(python3 -c "print($usec/$incr)")" "$rb" "$gw" "$(python3 -c "print($gw/$rb)")"
+  script[$alg]=$(cat lua/prelude.lua "lua/$alg.lua" lua/check.lua)
+  key[$alg]="{bench:$alg:__rand_int__}"
+  args[$alg]="'' $code 1000000 60000 1000000 1 0"
+done
+names=(empty incr+expire time+incrby "${algorithms[@]}")
+# Three rounds, every script once per round, so drift hits all rows alike; medians reported.
+for round in 1 2 3; do
+  for name in "${names[@]}"; do
+    eval "extra=(${args[$name]:-})"
+    bench "${script[$name]}" "${key[$name]}" "${extra[@]}"
+    usecs[$name]+="$usec "; rbs[$name]+="$rb "
+  done
+done
+
+printf '%-15s %14s %6s %14s %14s %7s\n' script usec_per_call ÷incr redis_ceiling gateway_store ratio
+incr=$(echo "${usecs[incr+expire]}" | median)
+for name in "${names[@]}"; do
+  u=$(echo "${usecs[$name]}" | median); r=$(echo "${rbs[$name]}" | median)
+  per=$(python3 -c "print(f'{$u/$incr:.2f}')")
+  if [[ " ${algorithms[*]} " == *" $name "* ]]; then
+    gw=$(taskset -c 1 target/release/examples/store_throughput "redis://127.0.0.1:$port" "$name" "$secs" 64 | sed -E 's/.*decisions_per_s=([0-9]+).*/\1/')
+    printf '%-15s %14s %6s %14.0f %14s %7.2f\n' "$name" "$u" "$per" "$r" "$gw" "$(python3 -c "print($gw/$r)")"
+  else
+    printf '%-15s %14s %6s %14.0f\n' "$name" "$u" "$per" "$r"
+  fi
 done

@@ -153,6 +153,45 @@ async fn sequences_with_idle_windows_agree() {
     );
 }
 
+/// A reload may change a limit's algorithm and keep its name: the limit then starts afresh
+/// in both stores, and Redis never trips over the state (a hash, string or sorted set, in
+/// another format) the old algorithm left under the same limit and caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_whose_algorithm_changes_starts_afresh_in_both_stores() {
+    let redis = RedisServer::start();
+    let (memory, r) = stores(&redis, "conf5");
+    let mut now = 1_700_000_000_000;
+    for (i, a) in Algorithm::ALL.into_iter().enumerate() {
+        for (j, b) in Algorithm::ALL.into_iter().enumerate() {
+            if a == b {
+                continue;
+            }
+            let name = format!("switch{i}{j}");
+            let (qa, qb) = (Quota::new(a, 3, 60_000), Quota::new(b, 3, 60_000));
+            let mut allowed = Vec::new();
+            for (step, q) in [qa, qa, qa, qa, qb, qb, qa].into_iter().enumerate() {
+                now += 7;
+                let c = check(&name, 0, q, 1, false);
+                let d = both(
+                    &memory,
+                    &r,
+                    &[c],
+                    now,
+                    &format!("{a} then {b}, step {step}"),
+                )
+                .await;
+                allowed.push(d[0].allowed);
+            }
+            // 3 of `a`, then `b` from nothing, then `a` finds its own state, still full.
+            assert_eq!(
+                allowed,
+                [true, true, true, false, true, true, false],
+                "{a} then {b}"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_limit_requests_agree_and_are_all_or_nothing() {
     let redis = RedisServer::start();

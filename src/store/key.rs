@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use crate::limit::Algorithm;
+
 /// A limit's counter for one caller: BLAKE3 of the limit name and the key parts, truncated to
 /// 128 bits.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -24,6 +26,22 @@ impl CounterKey {
         let mut out = [0u8; 16];
         out.copy_from_slice(&h.finalize().as_bytes()[..16]);
         CounterKey(out)
+    }
+
+    /// The key of this counter's state under algorithm `a`: the same shard (byte 0 is kept),
+    /// another map slot for each algorithm. A limit whose algorithm a reload changes then
+    /// starts afresh, and finds its old state again if changed back, as in Redis, whose keys
+    /// name the algorithm. `sliding_window`, the default, keeps the key as it is.
+    pub fn for_algorithm(self, a: Algorithm) -> Self {
+        let mut k = self;
+        k.0[15] ^= match a {
+            Algorithm::SlidingWindow => 0,
+            Algorithm::FixedWindow => 1,
+            Algorithm::SlidingLog => 2,
+            Algorithm::TokenBucket => 3,
+            Algorithm::Gcra => 4,
+        };
+        k
     }
 
     /// Lower-case hex, 32 characters.
@@ -85,5 +103,18 @@ mod tests {
         assert_ne!(a, CounterKey::new("m", [&b"ab"[..], b"c"]));
         assert_eq!(a, CounterKey::new("l", [&b"ab"[..], b"c"]));
         assert_eq!(a.hex().len(), 32);
+    }
+
+    #[test]
+    fn each_algorithm_has_its_own_key_in_the_same_shard() {
+        let k = CounterKey::new("l", [&b"caller"[..]]);
+        let keys: Vec<CounterKey> = Algorithm::ALL.map(|a| k.for_algorithm(a)).to_vec();
+        assert_eq!(keys[0], k, "sliding_window keeps the key");
+        for (i, a) in keys.iter().enumerate() {
+            assert_eq!(a.0[0], k.0[0], "same shard");
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
     }
 }

@@ -50,9 +50,10 @@ impl MemoryStore {
         let mut outcomes: Vec<Outcome> = Vec::with_capacity(checks.len());
         let mut admit = true;
         for c in checks {
+            let key = c.key.for_algorithm(c.quota.algorithm);
             let state = locked
-                .map(&c.key)
-                .get(&c.key)
+                .map(&key)
+                .get(&key)
                 .filter(|e| e.expires_at > now)
                 .map(|e| &e.state);
             let o = check(&c.quota, state, now, c.cost);
@@ -65,12 +66,13 @@ impl MemoryStore {
         }
         for (c, o) in checks.iter().zip(outcomes) {
             let Some(state) = o.next else { continue };
-            let shard = locked.map_mut(&c.key);
-            if shard.len() >= self.shard_cap && !shard.contains_key(&c.key) {
+            let key = c.key.for_algorithm(c.quota.algorithm);
+            let shard = locked.map_mut(&key);
+            if shard.len() >= self.shard_cap && !shard.contains_key(&key) {
                 self.make_room(shard, now);
             }
             shard.insert(
-                c.key,
+                key,
                 Entry {
                     state,
                     expires_at: o.expires_at,

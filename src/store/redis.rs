@@ -6,8 +6,9 @@
 //! (see [`SCRIPTS`]). The script reads the clock with `TIME`, so gateway clocks do not matter,
 //! checks every limit, and consumes only if all enforcing limits admit.
 //!
-//! Keys: `{<prefix>:<limit>:<hash>}` plus a suffix per algorithm (see `lua/`), so every key of
-//! one limit and caller shares one cluster slot. In Redis Cluster the limits of one request
+//! Keys: `{<prefix>:<limit>:<hash>}:<algorithm>` (`sw`, `fw`, `log`, `tb`, `gcra`), plus a
+//! suffix for some algorithms (see `lua/`), so every key of one limit and caller shares one
+//! cluster slot. In Redis Cluster the limits of one request
 //! can live in different slots: they are grouped per slot, one script call per group, run in
 //! sequence and stopped at the first denial. Within a group the check is all-or-nothing;
 //! across groups a denial in a later group does not undo what earlier groups consumed.
@@ -112,6 +113,17 @@ pub fn algorithm_code(a: Algorithm) -> u8 {
         Algorithm::SlidingLog => 3,
         Algorithm::TokenBucket => 4,
         Algorithm::Gcra => 5,
+    }
+}
+
+/// The suffix of an algorithm's keys.
+fn key_tag(a: Algorithm) -> &'static str {
+    match a {
+        Algorithm::SlidingWindow => "sw",
+        Algorithm::FixedWindow => "fw",
+        Algorithm::SlidingLog => "log",
+        Algorithm::TokenBucket => "tb",
+        Algorithm::Gcra => "gcra",
     }
 }
 
@@ -305,9 +317,17 @@ impl RedisStore {
         self
     }
 
-    /// The base key of a check: one hash tag around the whole name.
+    /// The base key of a check: one hash tag around the limit and caller, then the algorithm,
+    /// so a limit whose algorithm a reload changes starts afresh instead of finding another
+    /// algorithm's state (of another type or format) under its key.
     pub fn base_key(&self, c: &Check) -> String {
-        format!("{{{}:{}:{}}}", self.prefix, c.name, c.key.hex())
+        format!(
+            "{{{}:{}:{}}}:{}",
+            self.prefix,
+            c.name,
+            c.key.hex(),
+            key_tag(c.quota.algorithm)
+        )
     }
 
     /// Check `checks` (with their limit names); see the module docs. Returns the time the
