@@ -113,7 +113,13 @@ pub(crate) fn counter_key(
             b[..4].copy_from_slice(&v4.octets());
             (b, 4)
         }
-        std::net::IpAddr::V6(v6) => (v6.octets(), 16),
+        // One counter per network (`identity.ipv6_prefix`, validated to 1-128).
+        std::net::IpAddr::V6(v6) => (
+            ipnet::Ipv6Net::new(v6, cfg.identity.ipv6_prefix)
+                .map_or(v6, |n| n.network())
+                .octets(),
+            16,
+        ),
     };
     // At most 8 parts (validated), without allocating.
     let mut parts: [&[u8]; 8] = [&[]; 8];

@@ -132,6 +132,9 @@ fixtures! {
     bad_trusted_proxy => "bad-trusted-proxy.yaml": [
         r#"identity.trusted_proxies[1]: "10.0.0.0/33" is not an IP address or CIDR network"#,
     ],
+    bad_ipv6_prefix => "bad-ipv6-prefix.yaml": [
+        "identity.ipv6_prefix: 129 is not a prefix length from 1 to 128",
+    ],
     jwt_secret_env_not_set => "jwt-secret-unset.yaml": [
         "identity.jwt.hs256_secret_env: environment variable TOLLGATE_TEST_UNSET_SECRET is not set (it must hold the HS256 secret)",
     ],

@@ -684,6 +684,66 @@ limits:
     assert_eq!(up.requests().await, 7);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn per_ip_limits_count_ipv6_clients_per_network() {
+    clear_of_window_boundary(HOUR, 20).await;
+    let up = Upstream::start().await;
+    let config = |identity: &str| {
+        format!(
+            r#"{}{DEFAULT_ROUTE}identity: {{ trusted_proxies: ["127.0.0.1/32"]{identity} }}
+limits:
+  - {{ name: per-ip, key: [client_ip], algorithm: fixed_window, limit: 2, window: 1h }}
+"#,
+            upstreams(&up)
+        )
+    };
+    let c = client();
+    let xff = |v: &'static str| [("x-forwarded-for", v)];
+
+    // Default: one counter per /64.
+    let gw = Gateway::start(&config("")).await;
+    let url = gw.url("/ip6");
+    let (r, b, a) = timed_get(&c, &url, &xff("2001:db8:1:2::1")).await;
+    assert_allowed(&r, "per-ip", 2, HOUR, 1, b, a);
+    let (r, b, a) = timed_get(&c, &url, &xff("2001:db8:1:2:ffff:ffff:ffff:ffff")).await;
+    assert_allowed(&r, "per-ip", 2, HOUR, 0, b, a);
+    let r = get(&c, &url, &xff("2001:db8:1:2:abcd::7")).await;
+    assert_problem(&r, 429, "Too Many Requests");
+    // The next /64 is another client.
+    let (r, b, a) = timed_get(&c, &url, &xff("2001:db8:1:3::1")).await;
+    assert_allowed(&r, "per-ip", 2, HOUR, 1, b, a);
+    // IPv4 addresses are never grouped.
+    let (r, b, a) = timed_get(&c, &url, &xff("203.0.113.1")).await;
+    assert_allowed(&r, "per-ip", 2, HOUR, 1, b, a);
+    let (r, b, a) = timed_get(&c, &url, &xff("203.0.113.2")).await;
+    assert_allowed(&r, "per-ip", 2, HOUR, 1, b, a);
+    drop(gw);
+
+    // ipv6_prefix: 128 counts every address on its own; 48 groups a whole site.
+    let gw = Gateway::start(&config(", ipv6_prefix: 128")).await;
+    let url = gw.url("/ip6");
+    for ip in ["2001:db8:1:2::1", "2001:db8:1:2::2"] {
+        for remaining in [1, 0] {
+            let (r, b, a) = timed_get(&c, &url, &xff(ip)).await;
+            assert_allowed(&r, "per-ip", 2, HOUR, remaining, b, a);
+        }
+    }
+    drop(gw);
+    let gw = Gateway::start(&config(", ipv6_prefix: 48")).await;
+    let url = gw.url("/ip6");
+    let (r, b, a) = timed_get(&c, &url, &xff("2001:db8:1:2::1")).await;
+    assert_allowed(&r, "per-ip", 2, HOUR, 1, b, a);
+    let (r, b, a) = timed_get(&c, &url, &xff("2001:db8:1:ffff::1")).await;
+    assert_allowed(&r, "per-ip", 2, HOUR, 0, b, a);
+    let r = get(&c, &url, &xff("2001:db8:1::1")).await;
+    assert_problem(&r, 429, "Too Many Requests");
+    let (r, b, a) = timed_get(&c, &url, &xff("2001:db8:2::1")).await;
+    assert_allowed(&r, "per-ip", 2, HOUR, 1, b, a);
+
+    // Admitted: 5 by the first gateway, 4 by the second, 3 by the third.
+    assert_eq!(up.requests().await, 5 + 4 + 3);
+}
+
 // ---------------------------------------------------------------------------------------
 // 7. JWT: user and tier
 // ---------------------------------------------------------------------------------------

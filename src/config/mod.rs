@@ -32,6 +32,7 @@ pub mod defaults {
     pub const MAX_KEYS: usize = 1_000_000;
     pub const REDIS_URL: &str = "redis://127.0.0.1:6379/0";
     pub const API_KEY_HEADER: &str = "x-api-key";
+    pub const IPV6_PREFIX: u8 = 64;
     pub const JWT_HEADER: &str = "authorization";
     pub const JWT_USER_CLAIM: &str = "sub";
     pub const JWT_TIER_CLAIM: &str = "tier";
@@ -127,6 +128,9 @@ pub struct StoreSettings {
 pub struct IdentitySettings {
     pub api_key_header: HeaderName,
     pub trusted_proxies: Vec<IpNet>,
+    /// `client_ip` keys of IPv6 clients keep this many leading bits (1-128): one counter per
+    /// network, because a single client commonly holds a whole /64.
+    pub ipv6_prefix: u8,
     pub jwt: Option<JwtSettings>,
 }
 

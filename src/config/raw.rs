@@ -59,6 +59,8 @@ pub struct Sentinel {
 pub struct Identity {
     pub api_key_header: Option<String>,
     pub trusted_proxies: Option<Vec<String>>,
+    /// Per-IP counters group IPv6 clients by this prefix length (default 64).
+    pub ipv6_prefix: Option<i64>,
     pub jwt: Option<Jwt>,
 }
 

@@ -758,6 +758,17 @@ fn identity_settings(errs: &mut Errors, r: raw::Identity) -> IdentitySettings {
             ),
         }
     }
+    let ipv6_prefix = match r.ipv6_prefix {
+        None => defaults::IPV6_PREFIX,
+        Some(p @ 1..=128) => p as u8,
+        Some(p) => {
+            errs.at(
+                "identity.ipv6_prefix",
+                format!("{p} is not a prefix length from 1 to 128"),
+            );
+            defaults::IPV6_PREFIX
+        }
+    };
     let jwt = r.jwt.and_then(|j| {
         let leeway_s = j
             .leeway
@@ -800,6 +811,7 @@ fn identity_settings(errs: &mut Errors, r: raw::Identity) -> IdentitySettings {
     IdentitySettings {
         api_key_header,
         trusted_proxies,
+        ipv6_prefix,
         jwt,
     }
 }
