@@ -134,5 +134,21 @@ fn algorithms(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, request_path, algorithms);
+/// A sliding log that is full: 1000 entries, each request denied. Denials read the log and
+/// copy nothing.
+fn full_sliding_log(c: &mut Criterion) {
+    let q = Quota::new(Algorithm::SlidingLog, 1_000, 60_000);
+    let start = 1_700_000_000_000u64;
+    let mut state = None;
+    for i in 0..1_000 {
+        state = check(&q, state.as_ref(), start + i * 50, 1).next;
+    }
+    let now = start + 1_000 * 50;
+    assert!(!check(&q, state.as_ref(), now, 1).decision.allowed);
+    c.bench_function("algorithm: sliding_log, full (1000 entries), denied", |b| {
+        b.iter(|| black_box(check(&q, state.as_ref(), now, 1).decision.retry_after_ms))
+    });
+}
+
+criterion_group!(benches, request_path, algorithms, full_sliding_log);
 criterion_main!(benches);

@@ -156,37 +156,37 @@ fn sliding_window(q: &Quota, state: Option<&State>, now: u64, cost: u64) -> Outc
 
 fn sliding_log(q: &Quota, state: Option<&State>, now: u64, cost: u64) -> Outcome {
     let w = q.window_ms;
-    let mut log = match state {
-        Some(State::Log(entries)) => entries.clone(),
-        _ => VecDeque::new(),
+    let empty = VecDeque::new();
+    let stored = match state {
+        Some(State::Log(entries)) => entries,
+        _ => &empty,
     };
-    // Entries in (now − w, now] are inside the window.
-    while let Some(&(ts, _)) = log.front() {
-        if ts + w <= now {
-            log.pop_front();
-        } else {
-            break;
-        }
-    }
-    let used: u64 = log.iter().map(|&(_, c)| c).sum();
+    // Entries in (now − w, now] are inside the window; the older ones, at the front, are
+    // skipped here and dropped only when an admitted request writes a new log, so a denial
+    // copies nothing.
+    let expired = stored.iter().take_while(|&&(ts, _)| ts + w <= now).count();
+    let log = stored.range(expired..);
+    let used: u64 = log.clone().map(|&(_, c)| c).sum();
     if used + cost <= q.limit {
-        match log.back_mut() {
+        let mut next: VecDeque<(u64, u64)> = VecDeque::with_capacity(log.len() + 1);
+        next.extend(log);
+        match next.back_mut() {
             Some((ts, c)) if *ts == now => *c += cost,
-            _ => log.push_back((now, cost)),
+            _ => next.push_back((now, cost)),
         }
         let oldest_expiry = now + w;
         Outcome {
             decision: Decision::allow(q.limit, q.limit - used - cost, w),
-            next: Some(State::Log(log)),
+            next: Some(State::Log(next)),
             expires_at: oldest_expiry,
         }
     } else {
-        let last = log.back().map_or(now, |&(ts, _)| ts);
+        let last = log.clone().next_back().map_or(now, |&(ts, _)| ts);
         let reset_after = last + w - now;
         let retry_after = if cost <= q.limit {
             let mut freed = 0;
             let mut at = reset_after;
-            for &(ts, c) in &log {
+            for &(ts, c) in log {
                 freed += c;
                 if used - freed + cost <= q.limit {
                     at = ts + w - now;
