@@ -622,18 +622,23 @@ limits:
 // 6. Per-IP limits and X-Forwarded-For from trusted and untrusted peers
 // ---------------------------------------------------------------------------------------
 
+/// One route and a per-IP limit of 2 an hour, trusting X-Forwarded-For from 127.0.0.1;
+/// `identity` adds settings to the identity section (", ipv6_prefix: 128").
+fn per_ip_config(up: &Upstream, identity: &str) -> String {
+    format!(
+        r#"{}{DEFAULT_ROUTE}identity: {{ trusted_proxies: ["127.0.0.1/32"]{identity} }}
+limits:
+  - {{ name: per-ip, key: [client_ip], algorithm: fixed_window, limit: 2, window: 1h }}
+"#,
+        upstreams(up)
+    )
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn per_ip_limit_honours_forwarded_for_only_from_trusted_proxies() {
     clear_of_window_boundary(HOUR, 20).await;
     let up = Upstream::start().await;
-    let gw = Gateway::start(&format!(
-        r#"{}{DEFAULT_ROUTE}identity: {{ trusted_proxies: ["127.0.0.1/32"] }}
-limits:
-  - {{ name: per-ip, key: [client_ip], algorithm: fixed_window, limit: 2, window: 1h }}
-"#,
-        upstreams(&up)
-    ))
-    .await;
+    let gw = Gateway::start(&per_ip_config(&up, "")).await;
     let url = gw.url("/ip");
     let trusted = client(); // connects from 127.0.0.1
     let untrusted = client_from(Ipv4Addr::new(127, 0, 0, 2));
@@ -688,15 +693,7 @@ limits:
 async fn per_ip_limits_count_ipv6_clients_per_network() {
     clear_of_window_boundary(HOUR, 20).await;
     let up = Upstream::start().await;
-    let config = |identity: &str| {
-        format!(
-            r#"{}{DEFAULT_ROUTE}identity: {{ trusted_proxies: ["127.0.0.1/32"]{identity} }}
-limits:
-  - {{ name: per-ip, key: [client_ip], algorithm: fixed_window, limit: 2, window: 1h }}
-"#,
-            upstreams(&up)
-        )
-    };
+    let config = |identity: &str| per_ip_config(&up, identity);
     let c = client();
     let xff = |v: &'static str| [("x-forwarded-for", v)];
 
