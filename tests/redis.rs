@@ -20,18 +20,15 @@ mod common;
 mod redis_server;
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{clear_of_window_boundary, client_builder, free_port, loopback, Upstream};
+use common::{clear_of_window_boundary, client_builder, free_port, Gateway, Upstream};
 use redis_server::{cli, RedisCluster, RedisSentinel, RedisServer, MASTER_NAME};
-use tempfile::{NamedTempFile, TempDir};
+use tempfile::TempDir;
 use tollgate::store::CounterKey;
-
-const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
 const ALGORITHMS: [&str; 5] = [
     "sliding_window",
@@ -47,166 +44,10 @@ const DAY_MS: i64 = 86_400_000;
 /// Upper bound of a whole load run (every request also has its own 20 s timeout).
 const RUN_TIMEOUT: Duration = Duration::from_secs(90);
 
-// ---------------------------------------------------------------------------------------
-// A gateway process with extra command-line arguments and environment (`--redis-url`,
-// libfaketime), killed by PID on drop.
-// ---------------------------------------------------------------------------------------
-
-struct Gw {
-    name: String,
-    listen: SocketAddr,
-    admin: SocketAddr,
-    child: Child,
-    log: NamedTempFile,
-    _dir: TempDir,
-}
-
-const START_TIMEOUT: Duration = Duration::from_secs(20);
-
-impl Gw {
-    async fn start(name: &str, yaml: &str, args: &[String], env: &[(String, String)]) -> Gw {
-        let probe = client_builder()
-            .timeout(Duration::from_secs(2))
-            .build()
-            .expect("client");
-        let mut failures = Vec::new();
-        for _attempt in 0..5 {
-            let dir = tempfile::tempdir().expect("temp dir");
-            let config = dir.path().join("gateway.yaml");
-            std::fs::write(&config, yaml).expect("write config");
-            let (listen, admin) = (loopback(free_port()), loopback(free_port()));
-            let log = NamedTempFile::new().expect("log file");
-            let mut cmd = Command::new(BIN);
-            cmd.arg("--config")
-                .arg(&config)
-                .arg("--listen")
-                .arg(listen.to_string())
-                .arg("--admin-listen")
-                .arg(admin.to_string())
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::from(log.as_file().try_clone().expect("fd")))
-                .stderr(Stdio::from(log.as_file().try_clone().expect("fd")))
-                .env("NO_COLOR", "1")
-                .env_remove("RUST_LOG")
-                .env_remove("TOLLGATE_CONFIG")
-                .env_remove("TOLLGATE_REDIS_URL");
-            for (k, v) in env {
-                cmd.env(k, v);
-            }
-            let child = cmd
-                .spawn()
-                .unwrap_or_else(|e| panic!("cannot start {BIN}: {e}"));
-            let mut gw = Gw {
-                name: name.to_string(),
-                listen,
-                admin,
-                child,
-                log,
-                _dir: dir,
-            };
-            let deadline = Instant::now() + START_TIMEOUT;
-            let exited = loop {
-                if let Some(status) = gw.child.try_wait().expect("try_wait") {
-                    break Some(status);
-                }
-                let healthy = matches!(
-                    probe.get(format!("http://{admin}/healthz")).send().await,
-                    Ok(r) if r.status() == 200
-                );
-                if healthy
-                    && TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_ok()
-                {
-                    break None;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "gateway {name} did not answer within {START_TIMEOUT:?}:\n{}",
-                    gw.output()
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            };
-            match exited {
-                None => return gw,
-                Some(status) => {
-                    let out = gw.output();
-                    if out.contains("cannot listen") || out.contains("Address already in use") {
-                        failures.push(out);
-                        continue;
-                    }
-                    panic!("gateway {name} exited with {status}:\n{out}");
-                }
-            }
-        }
-        panic!("gateway {name}: no free ports after 5 attempts: {failures:#?}");
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.listen)
-    }
-
-    fn output(&self) -> String {
-        std::fs::read_to_string(self.log.path()).unwrap_or_default()
-    }
-
-    /// `GET /readyz`: status and JSON body.
-    async fn readyz(&self) -> (u16, serde_json::Value) {
-        let c = client_builder()
-            .timeout(Duration::from_secs(5))
-            .build()
-            .expect("client");
-        let r = c
-            .get(format!("http://{}/readyz", self.admin))
-            .send()
-            .await
-            .expect("GET /readyz");
-        let status = r.status().as_u16();
-        (status, r.json().await.expect("readyz JSON"))
-    }
-
-    /// Poll `/readyz` every 50 ms until it answers `want`; panics after `within`.
-    async fn wait_readyz(&self, want: u16, within: Duration) -> serde_json::Value {
-        let start = Instant::now();
-        loop {
-            let (status, body) = self.readyz().await;
-            if status == want {
-                return body;
-            }
-            assert!(
-                start.elapsed() < within,
-                "/readyz of {} did not answer {want} within {within:?} (last {status} {body}); output:\n{}",
-                self.name,
-                self.output()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for Gw {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let out = self.output();
-            let tail = &out[out.len().saturating_sub(8_000)..];
-            eprintln!(
-                "----- gateway {} (pid {}) output -----\n{tail}\n----- end -----",
-                self.name,
-                self.child.id()
-            );
-        }
-    }
-}
-
-fn redis_url_arg(url: &str) -> Vec<String> {
-    vec!["--redis-url".to_string(), url.to_string()]
-}
-
 /// The environment that runs a process under libfaketime with `offset` (e.g. `+10m`). The
 /// library is preloaded directly (not through the `faketime` wrapper, which forks: killing the
 /// wrapper by PID would leave the gateway running).
-fn faketime_env(offset: &str) -> Vec<(String, String)> {
+fn faketime_env(offset: &str) -> Vec<(&'static str, &str)> {
     const INSTALL: &str = "libfaketime is needed for the clock-skew test: `apt-get install -y faketime` (or run scripts/setup.sh)";
     let found = Command::new("faketime")
         .args(["-f", "+0", "true"])
@@ -225,10 +66,10 @@ fn faketime_env(offset: &str) -> Vec<(String, String)> {
         .find(|p| std::path::Path::new(p).exists())
         .unwrap_or_else(|| panic!("libfaketimeMT.so.1 not found in {candidates:?}. {INSTALL}"));
     vec![
-        ("LD_PRELOAD".to_string(), lib.to_string()),
-        ("FAKETIME".to_string(), offset.to_string()),
+        ("LD_PRELOAD", *lib),
+        ("FAKETIME", offset),
         // Only the wall clock moves; timers keep their monotonic clock.
-        ("FAKETIME_DONT_FAKE_MONOTONIC".to_string(), "1".to_string()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
     ]
 }
 
@@ -496,8 +337,8 @@ async fn two_gateways_sharing_redis_admit_exactly_the_limit_for_every_algorithm(
         upstreams(&up),
         routes_with_own_limit(&entries)
     );
-    let a = Gw::start("A", &yaml, &redis_url_arg(&redis.url()), &[]).await;
-    let b = Gw::start("B", &yaml, &redis_url_arg(&redis.url()), &[]).await;
+    let a = Gateway::start_named("A", &yaml, &["--redis-url", &redis.url()], &[]).await;
+    let b = Gateway::start_named("B", &yaml, &["--redis-url", &redis.url()], &[]).await;
     for alg in ALGORITHMS {
         // Fixed and sliding windows of a day are aligned to midnight UTC; token_bucket and
         // gcra refill one token per 86.4 s, far longer than a run.
@@ -551,7 +392,7 @@ async fn a_request_denied_by_the_hour_limit_leaves_the_minute_counter_unchanged(
         redis.url(),
         upstreams(&up)
     );
-    let gw = Gw::start("aon", &yaml, &[], &[]).await;
+    let gw = Gateway::start_named("aon", &yaml, &[], &[]).await;
     let c = common::client();
     for alg in ALGORITHMS {
         // Windows aligned to the epoch: 10 s clear of a minute boundary, hence of an hour
@@ -635,8 +476,8 @@ async fn gateways_whose_clocks_differ_by_ten_minutes_still_admit_exactly_the_lim
         upstreams(&up),
         routes_with_own_limit(&entries)
     );
-    let a = Gw::start("A (true clock)", &yaml, &[], &[]).await;
-    let b = Gw::start("B (+10 min)", &yaml, &[], &skew_env).await;
+    let a = Gateway::start_named("A (true clock)", &yaml, &[], &[]).await;
+    let b = Gateway::start_named("B (+10 min)", &yaml, &[], &skew_env).await;
     let c = common::client();
     for alg in ALGORITHMS {
         if matches!(alg, "sliding_window" | "fixed_window") {
@@ -714,7 +555,7 @@ async fn every_key_written_expires() {
         redis.url(),
         upstreams(&up)
     );
-    let gw = Gw::start("ttl", &yaml, &[], &[]).await;
+    let gw = Gateway::start_named("ttl", &yaml, &[], &[]).await;
     let c = common::client();
     for alg in ALGORITHMS {
         for i in 0..12 {
@@ -783,8 +624,8 @@ async fn script_flush_mid_run_is_invisible_and_counts_nothing_twice() {
         upstreams(&up),
         routes_with_own_limit(&entries)
     );
-    let a = Gw::start("A", &yaml, &[], &[]).await;
-    let b = Gw::start("B", &yaml, &[], &[]).await;
+    let a = Gateway::start_named("A", &yaml, &[], &[]).await;
+    let b = Gateway::start_named("B", &yaml, &[], &[]).await;
     const TOTAL: u64 = 2000;
     for alg in ALGORITHMS {
         clear_of_window_boundary(DAY_S, 30).await;
@@ -843,7 +684,7 @@ async fn redis_restart_mid_run_fails_open_and_then_limits_exactly_from_a_clean_s
         redis.url(),
         upstreams(&up)
     );
-    let gw = Gw::start("gw", &yaml, &[], &[]).await;
+    let gw = Gateway::start_named("gw", &yaml, &[], &[]).await;
     gw.wait_readyz(200, Duration::from_secs(10)).await;
     clear_of_window_boundary(DAY_S, 30).await;
     let url = gw.url("/x");
@@ -948,7 +789,7 @@ async fn redis_restart_mid_run_fails_open_and_then_limits_exactly_from_a_clean_s
         assert!(
             resuming.elapsed() < Duration::from_secs(15),
             "the gateway did not count again within 15 s of Redis answering; /readyz: {}",
-            gw.readyz().await.1
+            gw.readyz_status().await.1
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -979,10 +820,10 @@ async fn readyz_is_503_while_redis_is_down_and_200_again_after_it_returns() {
          routes:\n  - {{ name: default, match: {{ path_prefix: / }}, upstream: backend }}\n",
         upstreams(&up)
     );
-    let gw = Gw::start("gw", &yaml, &redis_url_arg(&redis.url()), &[]).await;
+    let gw = Gateway::start_named("gw", &yaml, &["--redis-url", &redis.url()], &[]).await;
     let body = gw.wait_readyz(200, Duration::from_secs(10)).await;
     assert_eq!(body["store"], "ok", "{body}");
-    let (status, body) = gw.readyz().await;
+    let (status, body) = gw.readyz_status().await;
     assert_eq!((status, &body["status"]), (200, &"ready".into()), "{body}");
 
     redis.kill();
@@ -991,7 +832,7 @@ async fn readyz_is_503_while_redis_is_down_and_200_again_after_it_returns() {
     assert_eq!(body["status"], "not ready", "{body}");
     // Still down: still not ready.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(gw.readyz().await.0, 503);
+    assert_eq!(gw.readyz_status().await.0, 503);
 
     redis.restart();
     let body = gw.wait_readyz(200, Duration::from_secs(15)).await;
@@ -1030,8 +871,8 @@ async fn redis_cluster_is_exact_and_limits_in_different_slots_work() {
         "store: {{ backend: redis_cluster, cluster_nodes: [{nodes}], key_prefix: cl, timeout: 5s, on_error: deny }}\n{}{routes}{limits}",
         upstreams(&up)
     );
-    let a = Gw::start("A", &yaml, &[], &[]).await;
-    let b = Gw::start("B", &yaml, &[], &[]).await;
+    let a = Gateway::start_named("A", &yaml, &[], &[]).await;
+    let b = Gateway::start_named("B", &yaml, &[], &[]).await;
     for g in [&a, &b] {
         let body = g.wait_readyz(200, Duration::from_secs(10)).await;
         assert_eq!(body["store"], "ok", "{body}");
@@ -1134,8 +975,8 @@ async fn redis_sentinel_finds_the_master_and_limits_exactly() {
         upstreams(&up),
         routes_with_own_limit(&[("x".into(), "sent-limit".into(), "sliding_window", 50, "24h")])
     );
-    let a = Gw::start("A", &yaml, &[], &[]).await;
-    let b = Gw::start("B", &yaml, &[], &[]).await;
+    let a = Gateway::start_named("A", &yaml, &[], &[]).await;
+    let b = Gateway::start_named("B", &yaml, &[], &[]).await;
     a.wait_readyz(200, Duration::from_secs(10)).await;
     clear_of_window_boundary(DAY_S, 30).await;
     let before = up.requests().await;
@@ -1165,7 +1006,7 @@ async fn redis_sentinel_failover_moves_the_gateway_to_the_new_master() {
             ("probe".into(), "probe".into(), "sliding_window", 100_000, "24h"),
         ])
     );
-    let gw = Gw::start("gw", &yaml, &[], &[]).await;
+    let gw = Gateway::start_named("gw", &yaml, &[], &[]).await;
     clear_of_window_boundary(DAY_S, 60).await;
     let before = up.requests().await;
     let t = blast(&[gw.url("/before")], 10, 10).await;
@@ -1224,7 +1065,7 @@ async fn redis_sentinel_failover_moves_the_gateway_to_the_new_master() {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "the gateway did not reach the new master within 30 s; /readyz: {}",
-            gw.readyz().await.1
+            gw.readyz_status().await.1
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -1293,7 +1134,7 @@ async fn rediss_tls_url_limits_exactly() {
         upstreams(&up),
         routes_with_own_limit(&[("x".into(), "tls-limit".into(), "sliding_window", 20, "24h")])
     );
-    let gw = Gw::start("tls", &yaml, &[], &[]).await;
+    let gw = Gateway::start_named("tls", &yaml, &[], &[]).await;
     gw.wait_readyz(200, Duration::from_secs(10)).await;
     clear_of_window_boundary(DAY_S, 30).await;
     let before = up.requests().await;

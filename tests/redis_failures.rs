@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{client, client_builder, count, loopback, Gateway, Resp, Upstream, QUOTA_EXCEEDED};
+use common::{client, count, loopback, Gateway, Resp, Upstream, QUOTA_EXCEEDED};
 use redis_server::{cli, RedisSentinel, RedisServer, MASTER_NAME};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -181,17 +181,7 @@ struct StoreStatus {
 /// `GET /readyz` (200 or 503): its status and `store_status`. (Not `Gateway::readyz`, which
 /// requires 200: here Redis is down on purpose.)
 async fn readyz(gw: &Gateway) -> (u16, StoreStatus, serde_json::Value) {
-    let c = client_builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .expect("client");
-    let r = c
-        .get(format!("http://{}/readyz", gw.admin))
-        .send()
-        .await
-        .expect("GET /readyz");
-    let status = r.status().as_u16();
-    let body: serde_json::Value = r.json().await.expect("readyz JSON");
+    let (status, body) = gw.readyz_status().await;
     let s = &body["store_status"];
     let n = |k: &str| {
         s[k].as_u64()

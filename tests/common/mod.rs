@@ -424,11 +424,27 @@ pub struct Gateway {
 
 impl Gateway {
     pub async fn start(yaml: &str) -> Gateway {
-        Gateway::start_with_env(yaml, &[]).await
+        Gateway::launch("gateway".into(), yaml, &[], &[]).await
     }
 
     /// Start with extra environment variables (for example a JWT secret).
     pub async fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Gateway {
+        Gateway::launch("gateway".into(), yaml, &[], env).await
+    }
+
+    /// Start with extra command-line arguments (after `--config`, `--listen` and
+    /// `--admin-listen`) and environment variables. `name` tells several gateways of one test
+    /// apart: the process is "gateway {name}" in its panic output and error messages.
+    pub async fn start_named(
+        name: &str,
+        yaml: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Gateway {
+        Gateway::launch(format!("gateway {name}"), yaml, args, env).await
+    }
+
+    async fn launch(name: String, yaml: &str, extra: &[&str], env: &[(&str, &str)]) -> Gateway {
         let client = client_builder()
             .timeout(Duration::from_secs(2))
             .build()
@@ -438,7 +454,7 @@ impl Gateway {
             let dir = tempfile::tempdir().expect("temp dir");
             std::fs::write(dir.path().join("gateway.yaml"), yaml).expect("write config");
             let (listen, admin) = (loopback(free_port()), loopback(free_port()));
-            let args = [
+            let mut args = vec![
                 "--config".to_string(),
                 dir.path().join("gateway.yaml").display().to_string(),
                 "--listen".into(),
@@ -446,7 +462,8 @@ impl Gateway {
                 "--admin-listen".into(),
                 admin.to_string(),
             ];
-            let mut proc = Proc::spawn("gateway", &args, env);
+            args.extend(extra.iter().map(|a| a.to_string()));
+            let mut proc = Proc::spawn(&name, &args, env);
             let healthz = format!("http://{admin}/healthz");
             let ready = wait_ready(&mut proc, || {
                 let (client, healthz) = (&client, &healthz);
@@ -464,10 +481,10 @@ impl Gateway {
                     }
                 }
                 Err(out) if is_bind_failure(&out) => failures.push(out),
-                Err(out) => panic!("gateway failed to start: {out}"),
+                Err(out) => panic!("{name} failed to start: {out}"),
             }
         }
-        panic!("gateway: no free ports after {START_ATTEMPTS} attempts: {failures:#?}");
+        panic!("{name}: no free ports after {START_ATTEMPTS} attempts: {failures:#?}");
     }
 
     /// `http://127.0.0.1:PORT{path}` of the proxy listener.
@@ -509,9 +526,47 @@ impl Gateway {
         assert!(status.success(), "kill -HUP {} failed", self.pid());
     }
 
-    /// `GET /readyz` of the admin listener.
+    /// `GET /readyz` of the admin listener, which must answer 200.
     pub async fn readyz(&self) -> serde_json::Value {
         get_json(&self.client, &format!("http://{}/readyz", self.admin)).await
+    }
+
+    /// `GET /readyz` of the admin listener, whatever it answers (503 while the store is
+    /// unreachable): the status and the JSON body. Each request may take up to 5 s.
+    pub async fn readyz_status(&self) -> (u16, serde_json::Value) {
+        let url = format!("http://{}/readyz", self.admin);
+        let r = self
+            .client
+            .get(&url)
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+        let status = r.status().as_u16();
+        let body = r
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("GET {url} ({status}): not JSON: {e}"));
+        (status, body)
+    }
+
+    /// Poll `/readyz` every 50 ms until it answers `want`; panics after `within`. Returns the
+    /// JSON body of that answer.
+    pub async fn wait_readyz(&self, want: u16, within: Duration) -> serde_json::Value {
+        let start = Instant::now();
+        loop {
+            let (status, body) = self.readyz_status().await;
+            if status == want {
+                return body;
+            }
+            assert!(
+                start.elapsed() < within,
+                "/readyz of {} did not answer {want} within {within:?} (last {status} {body}); output:\n{}",
+                self.proc.name,
+                self.output()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// `GET /stats` of the admin listener: requests in flight, shedding per class, slots.
