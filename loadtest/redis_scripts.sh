@@ -9,6 +9,7 @@
 #   gateway_store  decisions/s of one tollgate process (examples/store_throughput, 64 tasks on
 #                  one multiplexed connection, core 1)
 #   ratio          gateway_store / redis_ceiling, measured in the same run
+# and then the concurrency limits' take and release scripts (no gateway figure).
 # Every script is measured in three interleaved rounds and the medians are printed, with
 # three reference scripts (these machines drift 20-40% between runs, so compare rows of one
 # run only):
@@ -70,7 +71,16 @@ for alg in "${algorithms[@]}"; do
   key[$alg]="{bench:$alg:__rand_int__}"
   args[$alg]="'' $code 1000000 60000 1000000 1 0"
 done
-names=(empty incr+expire time+incrby "${algorithms[@]}")
+# Concurrency limits' scripts: take a slot of a limit of 1,000,000 (timeout 60 s) for a random
+# request id; give back a request id's slot, on an empty store (ZREM finds nothing: the
+# release's floor).
+script[concurrency_take]=$(cat lua/concurrency_take.lua)
+key[concurrency_take]='{bench:conc:__rand_int__}:inflight'
+args[concurrency_take]="req-__rand_int__ 1000000 60000 0"
+script[concurrency_release]=$(cat lua/concurrency_release.lua)
+key[concurrency_release]='{bench:conc:__rand_int__}:inflight'
+args[concurrency_release]="req-__rand_int__"
+names=(empty incr+expire time+incrby "${algorithms[@]}" concurrency_take concurrency_release)
 # Three rounds, every script once per round, so drift hits all rows alike; medians reported.
 for round in 1 2 3; do
   for name in "${names[@]}"; do
