@@ -10,14 +10,17 @@
 -- of every set with room (a full shadow limit is only reported), and each of those sets expires
 -- `timeout` after this take, when all of its members would be stale anyway.
 -- Returns 1 if admitted else 0, then the slots in use of each limit before this request.
+-- As in check.lua, numbers are converted by arithmetic rather than tonumber, and times (ms,
+-- below 1e14) are passed to Redis as Lua prints them, which is exact.
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local us = t[2] + 0
+local now = t[1] * 1000 + (us - us % 1000) / 1000
 local n = #KEYS
 local out, admit = { 0 }, true
 for i = 1, n do
   local j = 2 + (i - 1) * 3
-  local limit, timeout = tonumber(ARGV[j]), tonumber(ARGV[j + 1])
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%d', now - timeout))
+  local limit, timeout = ARGV[j] + 0, ARGV[j + 1] + 0
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - timeout)
   local used = redis.call('ZCARD', KEYS[i])
   out[i + 1] = used
   if used >= limit and ARGV[j + 2] ~= '1' then admit = false end
@@ -26,8 +29,8 @@ if admit then
   out[1] = 1
   for i = 1, n do
     local j = 2 + (i - 1) * 3
-    if out[i + 1] < tonumber(ARGV[j]) then
-      redis.call('ZADD', KEYS[i], string.format('%d', now), ARGV[1])
+    if out[i + 1] < ARGV[j] + 0 then
+      redis.call('ZADD', KEYS[i], now, ARGV[1])
       redis.call('PEXPIRE', KEYS[i], ARGV[j + 1])
     end
   end
