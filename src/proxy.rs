@@ -267,6 +267,21 @@ impl ProxyHttp for Gateway {
         ctx.in_flight = None;
     }
 
+    /// A client that goes away mid-request (closed, reset, a failed read or write on its side)
+    /// is routine, not the gateway's error: not logged at ERROR, where it would bury real
+    /// upstream and gateway failures. It is logged at debug.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, e: &Error) -> bool {
+        let client_gone = matches!(e.esource(), ErrorSource::Downstream)
+            && matches!(
+                e.etype(),
+                ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
+            );
+        if client_gone {
+            tracing::debug!("client went away: {e}");
+        }
+        client_gone
+    }
+
     async fn fail_to_proxy(
         &self,
         session: &mut Session,

@@ -238,6 +238,17 @@ async fn slots_are_released_when_clients_disconnect_mid_request() {
     drop(conns);
     wait_slots_free(&gw, Duration::from_secs(2)).await;
     assert_eq!(gw.stats().await["in_flight"], 0);
+    // A client going away is not the gateway's error: nothing at ERROR level.
+    let errors: Vec<String> = gw
+        .output()
+        .lines()
+        .filter(|l| l.contains("ERROR"))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "client disconnects logged as errors: {errors:#?}"
+    );
     assert!(
         upstream.stats().await.in_flight > 0,
         "the upstream still works on the abandoned requests"
