@@ -689,56 +689,68 @@ async fn per_ip_limit_honours_forwarded_for_only_from_trusted_proxies() {
     assert_eq!(up.requests().await, 7);
 }
 
+/// One request of a per-IP test: the client address, and the remaining count after it (None: 429).
+type Step<'a> = (&'a str, Option<u64>);
+
 #[tokio::test(flavor = "multi_thread")]
 async fn per_ip_limits_count_ipv6_clients_per_network() {
     clear_of_window_boundary(HOUR, 20).await;
     let up = Upstream::start().await;
-    let config = |identity: &str| per_ip_config(&up, identity);
     let c = client();
-    let xff = |v: &'static str| [("x-forwarded-for", v)];
-
-    // Default: one counter per /64.
-    let gw = Gateway::start(&config("")).await;
-    let url = gw.url("/ip6");
-    let (r, b, a) = timed_get(&c, &url, &xff("2001:db8:1:2::1")).await;
-    assert_allowed(&r, "per-ip", 2, HOUR, 1, b, a);
-    let (r, b, a) = timed_get(&c, &url, &xff("2001:db8:1:2:ffff:ffff:ffff:ffff")).await;
-    assert_allowed(&r, "per-ip", 2, HOUR, 0, b, a);
-    let r = get(&c, &url, &xff("2001:db8:1:2:abcd::7")).await;
-    assert_problem(&r, 429, "Too Many Requests");
-    // The next /64 is another client.
-    let (r, b, a) = timed_get(&c, &url, &xff("2001:db8:1:3::1")).await;
-    assert_allowed(&r, "per-ip", 2, HOUR, 1, b, a);
-    // IPv4 addresses are never grouped.
-    let (r, b, a) = timed_get(&c, &url, &xff("203.0.113.1")).await;
-    assert_allowed(&r, "per-ip", 2, HOUR, 1, b, a);
-    let (r, b, a) = timed_get(&c, &url, &xff("203.0.113.2")).await;
-    assert_allowed(&r, "per-ip", 2, HOUR, 1, b, a);
-    drop(gw);
-
-    // ipv6_prefix: 128 counts every address on its own; 48 groups a whole site.
-    let gw = Gateway::start(&config(", ipv6_prefix: 128")).await;
-    let url = gw.url("/ip6");
-    for ip in ["2001:db8:1:2::1", "2001:db8:1:2::2"] {
-        for remaining in [1, 0] {
-            let (r, b, a) = timed_get(&c, &url, &xff(ip)).await;
-            assert_allowed(&r, "per-ip", 2, HOUR, remaining, b, a);
+    // (identity settings, [(X-Forwarded-For, remaining after it, or None for 429)]).
+    let cases: [(&str, &[Step]); 3] = [
+        // Default: one counter per /64; IPv4 addresses are never grouped.
+        (
+            "",
+            &[
+                ("2001:db8:1:2::1", Some(1)),
+                ("2001:db8:1:2:ffff:ffff:ffff:ffff", Some(0)),
+                ("2001:db8:1:2:abcd::7", None),
+                ("2001:db8:1:3::1", Some(1)),
+                ("203.0.113.1", Some(1)),
+                ("203.0.113.2", Some(1)),
+            ],
+        ),
+        // 128: every address on its own.
+        (
+            ", ipv6_prefix: 128",
+            &[
+                ("2001:db8:1:2::1", Some(1)),
+                ("2001:db8:1:2::1", Some(0)),
+                ("2001:db8:1:2::2", Some(1)),
+                ("2001:db8:1:2::2", Some(0)),
+            ],
+        ),
+        // 48: a whole site.
+        (
+            ", ipv6_prefix: 48",
+            &[
+                ("2001:db8:1:2::1", Some(1)),
+                ("2001:db8:1:ffff::1", Some(0)),
+                ("2001:db8:1::1", None),
+                ("2001:db8:2::1", Some(1)),
+            ],
+        ),
+    ];
+    let mut admitted = 0;
+    for (identity, steps) in cases {
+        let gw = Gateway::start(&per_ip_config(&up, identity)).await;
+        let url = gw.url("/ip6");
+        for &(ip, want) in steps {
+            let (r, b, a) = timed_get(&c, &url, &[("x-forwarded-for", ip)]).await;
+            match want {
+                Some(remaining) => {
+                    assert_allowed(&r, "per-ip", 2, HOUR, remaining, b, a);
+                    admitted += 1;
+                }
+                None => {
+                    assert_problem(&r, 429, "Too Many Requests");
+                }
+            }
         }
     }
-    drop(gw);
-    let gw = Gateway::start(&config(", ipv6_prefix: 48")).await;
-    let url = gw.url("/ip6");
-    let (r, b, a) = timed_get(&c, &url, &xff("2001:db8:1:2::1")).await;
-    assert_allowed(&r, "per-ip", 2, HOUR, 1, b, a);
-    let (r, b, a) = timed_get(&c, &url, &xff("2001:db8:1:ffff::1")).await;
-    assert_allowed(&r, "per-ip", 2, HOUR, 0, b, a);
-    let r = get(&c, &url, &xff("2001:db8:1::1")).await;
-    assert_problem(&r, 429, "Too Many Requests");
-    let (r, b, a) = timed_get(&c, &url, &xff("2001:db8:2::1")).await;
-    assert_allowed(&r, "per-ip", 2, HOUR, 1, b, a);
-
-    // Admitted: 5 by the first gateway, 4 by the second, 3 by the third.
-    assert_eq!(up.requests().await, 5 + 4 + 3);
+    assert_eq!(up.requests().await, admitted);
+    assert_eq!(admitted, 12);
 }
 
 // ---------------------------------------------------------------------------------------
