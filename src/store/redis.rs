@@ -8,10 +8,10 @@
 //!
 //! Keys: `{<prefix>:<limit>:<hash>}:<algorithm>` (`sw`, `fw`, `log`, `tb`, `gcra`), plus a
 //! suffix for some algorithms (see `lua/`), so every key of one limit and caller shares one
-//! cluster slot. In Redis Cluster the limits of one request
-//! can live in different slots: they are grouped per slot, one script call per group, run in
-//! sequence and stopped at the first denial. Within a group the check is all-or-nothing;
-//! across groups a denial in a later group does not undo what earlier groups consumed.
+//! cluster slot. In Redis Cluster the limits of one request can live in different slots: they
+//! are grouped per slot, one script call per group, run in sequence and stopped at the first
+//! denial. Within a group the check is all-or-nothing; across groups a denial in a later group
+//! does not undo what earlier groups consumed.
 //!
 //! Phase: `request_filter`. Every call has its own deadline (`store.timeout`).
 
