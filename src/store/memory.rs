@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::key::KeyMap;
+use super::key::{CounterKey, KeyMap};
 use super::sharded::Sharded;
 pub use super::sharded::SHARDS;
 use super::Check;
@@ -47,7 +47,8 @@ impl MemoryStore {
         out.clear();
         let mut locked = self.shards.lock(checks.iter().map(|c| &c.key));
 
-        let mut outcomes: Vec<Outcome> = Vec::with_capacity(checks.len());
+        // Each check's map key (its algorithm's own slot) with its outcome, computed once.
+        let mut outcomes: Vec<(CounterKey, Outcome)> = Vec::with_capacity(checks.len());
         let mut admit = true;
         for c in checks {
             let key = c.key.for_algorithm(c.quota.algorithm);
@@ -59,14 +60,13 @@ impl MemoryStore {
             let o = check(&c.quota, state, now, c.cost);
             admit &= o.decision.allowed || c.shadow;
             out.push(o.decision);
-            outcomes.push(o);
+            outcomes.push((key, o));
         }
         if !admit {
             return;
         }
-        for (c, o) in checks.iter().zip(outcomes) {
+        for (key, o) in outcomes {
             let Some(state) = o.next else { continue };
-            let key = c.key.for_algorithm(c.quota.algorithm);
             let shard = locked.map_mut(&key);
             if shard.len() >= self.shard_cap && !shard.contains_key(&key) {
                 self.make_room(shard, now);

@@ -340,25 +340,18 @@ impl RedisStore {
     ) -> Result<u64, StoreError> {
         out.clear();
         let keys: Vec<String> = checks.iter().map(|c| self.base_key(c)).collect();
-        if !matches!(self.conn, Conn::Cluster(_)) {
-            let all: Vec<usize> = (0..checks.len()).collect();
-            let (_, decisions, at) = self.call(&keys, checks, &all, now).await?;
-            out.extend(decisions);
+        let groups = self.slot_groups(&keys);
+        if let [all] = groups.as_slice() {
+            // One slot (always, outside a cluster): the decisions go straight to `out`.
+            let (_, at) = self.call(&keys, checks, all, now, out).await?;
             return Ok(at);
         }
         // Cluster: one call per slot, in sequence, stopping at the first denial.
-        let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
-        for (i, k) in keys.iter().enumerate() {
-            let slot = Slot::for_key(k);
-            match groups.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, g)) => g.push(i),
-                None => groups.push((slot, vec![i])),
-            }
-        }
         let mut slots: Vec<Option<Decision>> = vec![None; checks.len()];
+        let mut group_out = Vec::new();
         let mut denied = false;
         let mut decided_at = now;
-        for (_, group) in &groups {
+        for group in &groups {
             if denied {
                 // Not consulted, nothing consumed. The request is denied by an earlier group,
                 // whose decision is the one reported, so these placeholders never reach a client.
@@ -371,9 +364,10 @@ impl RedisStore {
                 }
                 continue;
             }
-            let (admitted, decisions, at) = self.call(&keys, checks, group, now).await?;
-            for (&i, d) in group.iter().zip(decisions) {
-                slots[i] = Some(d);
+            group_out.clear();
+            let (admitted, at) = self.call(&keys, checks, group, now, &mut group_out).await?;
+            for (&i, d) in group.iter().zip(&group_out) {
+                slots[i] = Some(*d);
             }
             denied = !admitted;
             decided_at = at;
@@ -382,15 +376,33 @@ impl RedisStore {
         Ok(decided_at)
     }
 
-    /// One script call over the checks at `idx`. Returns whether the group admitted, the
-    /// decisions, and the time they were made at.
+    /// Indexes of `keys` grouped by cluster slot, in first-seen order (one group outside a
+    /// cluster). Rate-limit checks and concurrency slots share this.
+    fn slot_groups(&self, keys: &[String]) -> Vec<Vec<usize>> {
+        if !matches!(self.conn, Conn::Cluster(_)) {
+            return vec![(0..keys.len()).collect()];
+        }
+        let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            let slot = Slot::for_key(k);
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, g)) => g.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        groups.into_iter().map(|(_, g)| g).collect()
+    }
+
+    /// One script call over the checks at `idx`, appending their decisions to `out`. Returns
+    /// whether the group admitted, and the time the decisions were made at.
     async fn call(
         &self,
         keys: &[String],
         checks: &[Check],
         idx: &[usize],
         now: u64,
-    ) -> Result<(bool, Vec<Decision>, u64), StoreError> {
+        out: &mut Vec<Decision>,
+    ) -> Result<(bool, u64), StoreError> {
         let mut inv: ScriptInvocation<'_> = CHECK_SCRIPTS.for_checks(checks, idx).prepare_invoke();
         if self.explicit_time {
             inv.arg(now);
@@ -415,22 +427,19 @@ impl RedisStore {
             )));
         }
         let n = |v: i64| v.max(0) as u64;
-        let decisions = idx
-            .iter()
-            .enumerate()
-            .map(|(j, &i)| {
-                let r = &reply[j * 4..j * 4 + 4];
-                Decision {
+        out.extend(
+            idx.iter()
+                .zip(reply.chunks_exact(4))
+                .map(|(&i, r)| Decision {
                     allowed: r[0] == 1,
                     limit: checks[i].quota.limit,
                     remaining: n(r[1]),
                     reset_after_ms: n(r[2]),
                     retry_after_ms: n(r[3]),
-                }
-            })
-            .collect();
+                }),
+        );
         let at = reply[idx.len() * 4 + 1].max(0) as u64;
-        Ok((reply[idx.len() * 4] == 1, decisions, at))
+        Ok((reply[idx.len() * 4] == 1, at))
     }
 
     /// One call through the circuit breaker, with a deadline.

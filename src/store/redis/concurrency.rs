@@ -12,10 +12,9 @@
 
 use std::sync::LazyLock;
 
-use redis::cluster_routing::Slot;
 use redis::Script;
 
-use super::{Conn, RedisStore};
+use super::RedisStore;
 use crate::concurrency::Claim;
 use crate::store::{CounterKey, StoreError};
 
@@ -105,21 +104,5 @@ impl RedisStore {
             freed += reply.first().map_or(0, |&n| n.max(0) as u64);
         }
         Ok(freed)
-    }
-
-    /// Indexes of `keys` grouped by cluster slot (one group outside a cluster).
-    fn slot_groups(&self, keys: &[String]) -> Vec<Vec<usize>> {
-        if !matches!(self.conn, Conn::Cluster(_)) {
-            return vec![(0..keys.len()).collect()];
-        }
-        let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
-        for (i, k) in keys.iter().enumerate() {
-            let slot = Slot::for_key(k);
-            match groups.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, g)) => g.push(i),
-                None => groups.push((slot, vec![i])),
-            }
-        }
-        groups.into_iter().map(|(_, g)| g).collect()
     }
 }
