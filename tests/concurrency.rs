@@ -12,10 +12,9 @@ mod common;
 mod redis_server;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{ClosedPort, Gateway, RawConn, RawResp, Upstream, QUOTA_EXCEEDED};
+use common::{raw_burst, ClosedPort, Gateway, RawConn, RawResp, Upstream, QUOTA_EXCEEDED};
 use redis_server::{RedisCluster, RedisServer};
 
 /// How long the upstream holds each request of a burst.
@@ -36,37 +35,9 @@ fn request(method: &str, path: &str, headers: &[(&str, &str)]) -> String {
     r
 }
 
-/// Send every request on its own connection to its address: all connections are opened
-/// first, then every request is written at once. Returns each answer (None: the connection
-/// closed without one), in order.
-async fn burst(targets: &[(SocketAddr, String)]) -> Vec<Option<RawResp>> {
-    let mut conns = Vec::with_capacity(targets.len());
-    for (addr, _) in targets {
-        conns.push(RawConn::connect(*addr).await);
-    }
-    let barrier = Arc::new(tokio::sync::Barrier::new(targets.len()));
-    let tasks: Vec<_> = conns
-        .into_iter()
-        .zip(targets.iter().map(|(_, r)| r.clone()))
-        .map(|(mut conn, req)| {
-            let barrier = barrier.clone();
-            tokio::spawn(async move {
-                barrier.wait().await;
-                conn.send(req.as_bytes()).await.ok()?;
-                conn.read_response().await
-            })
-        })
-        .collect();
-    let mut out = Vec::with_capacity(tasks.len());
-    for t in tasks {
-        out.push(t.await.expect("burst task"));
-    }
-    out
-}
-
 /// `n` copies of one request to one address.
 async fn burst_of(n: usize, addr: SocketAddr, req: &str) -> Vec<Option<RawResp>> {
-    burst(&vec![(addr, req.to_string()); n]).await
+    raw_burst(&vec![(addr, req.to_string()); n]).await
 }
 
 /// (number of answers with `status`, total).
@@ -208,7 +179,7 @@ async fn fifty_simultaneous_requests_against_a_limit_of_twenty_admit_exactly_twe
     upstream.reset().await;
     let mut targets = vec![(gw.listen, held("caller-1", HOLD_MS)); 25];
     targets.extend(vec![(gw.listen, held("caller-2", HOLD_MS)); 25]);
-    let resps = burst(&targets).await;
+    let resps = raw_burst(&targets).await;
     assert_eq!(count_status(&resps[..25], 200), 20);
     assert_eq!(count_status(&resps[25..], 200), 20);
     assert_eq!(upstream.stats().await.max_in_flight, 40);
@@ -456,7 +427,7 @@ async fn the_cap_holds_fleet_wide_across_two_gateways_sharing_redis() {
         upstream.reset().await;
         let mut targets = vec![(a.listen, held("caller-1", REDIS_HOLD_MS)); 25];
         targets.extend(vec![(b.listen, held("caller-1", REDIS_HOLD_MS)); 25]);
-        let resps = burst(&targets).await;
+        let resps = raw_burst(&targets).await;
         assert_eq!(
             (count_status(&resps, 200), count_status(&resps, 429)),
             (20, 30),
@@ -480,7 +451,7 @@ async fn the_cap_holds_fleet_wide_across_two_gateways_sharing_redis() {
     // timeout; a 21st request through either gateway is refused.
     let mut targets = vec![(a.listen, held("caller-1", 3_000)); 10];
     targets.extend(vec![(b.listen, held("caller-1", 3_000)); 10]);
-    let holding = tokio::spawn(async move { burst(&targets).await });
+    let holding = tokio::spawn(async move { raw_burst(&targets).await });
     wait_upstream_in_flight(&upstream, 20).await;
     let sets = slot_sets(&redis);
     assert_eq!(sets.len(), 1, "{sets:?}");

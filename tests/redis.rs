@@ -214,11 +214,13 @@ fn scan(port: u16, pattern: &str) -> Vec<String> {
 /// sliding-window hash (`n0 c0 n1 c1`: window number and count, by the number's parity), the
 /// count of its current window, the one with the higher number.
 fn counters(port: u16, pattern: &str) -> Vec<String> {
-    dump(port, pattern)
+    scan(port, pattern)
         .into_iter()
-        .map(|(k, v)| match cli(port, &["TYPE", &k]).as_str() {
+        .map(|k| match cli(port, &["TYPE", &k]).as_str() {
+            "string" => cli(port, &["GET", &k]),
             "hash" => {
-                let fields: BTreeMap<&str, &str> = v
+                let all = cli(port, &["HGETALL", &k]);
+                let fields: BTreeMap<&str, &str> = all
                     .lines()
                     .collect::<Vec<_>>()
                     .chunks(2)
@@ -232,7 +234,7 @@ fn counters(port: u16, pattern: &str) -> Vec<String> {
                 };
                 fields[current].to_string()
             }
-            _ => v,
+            other => panic!("key {k} has unexpected type {other}"),
         })
         .collect()
 }

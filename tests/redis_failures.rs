@@ -166,6 +166,11 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// `d` in whole milliseconds ("1234 ms"), or "(not seen)".
+fn ms_or_not_seen(d: Option<Duration>) -> String {
+    d.map_or("(not seen)".into(), |d| format!("{:.0} ms", ms(d)))
+}
+
 // ---------------------------------------------------------------------------------------
 // /readyz.
 // ---------------------------------------------------------------------------------------
@@ -349,6 +354,20 @@ impl Drop for Driver {
     }
 }
 
+/// Light load on `url`: a request every 20 ms, each with a fresh counter (`x-k: drv-<n>`);
+/// returned once it has recorded 10 requests.
+async fn light_driver(url: &str) -> Driver {
+    let driver = Driver::start(
+        url.to_string(),
+        Duration::from_millis(20),
+        Some(("drv", true)),
+    );
+    driver
+        .wait("10 requests", Duration::from_secs(20), |s| s.len() >= 10)
+        .await;
+    driver
+}
+
 // ---------------------------------------------------------------------------------------
 // A TCP proxy between the gateway and Redis that delays every chunk, in both directions, by
 // `delay` (changeable at run time). Chunks keep their order; the delay adds latency without
@@ -518,6 +537,37 @@ async fn assert_exact_through_redis(
     }
     let upstream = up.requests().await - before;
     assert_eq!(upstream, admitted as u64, "{what}: upstream count");
+}
+
+/// A gateway in front of `up` using the master that sentinel `s` names (key prefix `prefix`,
+/// deadline `timeout`, breaker cooldown 1 s) with `one_limit_route(limit, 20)`; returned once
+/// the replica has synced.
+async fn sentinel_gateway(
+    s: &RedisSentinel,
+    up: &Upstream,
+    prefix: &str,
+    limit: &str,
+    timeout: &str,
+) -> Gateway {
+    let yaml = format!(
+        "store: {{ backend: redis_sentinel, sentinel: {{ master_name: {MASTER_NAME}, nodes: [\"{}\"] }}, key_prefix: {prefix}, timeout: {timeout}, breaker: {{ cooldown: 1s }} }}\n\
+         upstreams: {{ main: [\"{}\"] }}\n{}",
+        s.sentinel_url(),
+        up.addr,
+        one_limit_route(limit, 20)
+    );
+    let gw = Gateway::start(&yaml).await;
+    wait_replica_synced(s).await;
+    gw
+}
+
+/// Whether sentinel `s` names the server at `port` as the master.
+fn sentinel_names_master(s: &RedisSentinel, port: u16) -> bool {
+    cli(
+        s.sentinel_port,
+        &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME],
+    )
+    .contains(&port.to_string())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -891,10 +941,7 @@ async fn redis_restarted_on_the_same_port_is_used_exactly_again_within_the_coold
 
     // Light load with a fresh counter per request: 200 whether degraded or not.
     // (No /readyz while Redis is down: its ping reconnects and could hide a slow recovery.)
-    let driver = Driver::start(url.clone(), Duration::from_millis(20), Some(("drv", true)));
-    driver
-        .wait("10 requests", Duration::from_secs(20), |s| s.len() >= 10)
-        .await;
+    let driver = light_driver(&url).await;
     let killed_at = Instant::now();
     redis.kill();
     gw.wait_output(BREAKER_OPENED, Duration::from_secs(10))
@@ -1073,16 +1120,8 @@ async fn sentinel_failover_the_gateway_follows_the_new_master_and_limits_exactly
     let _serial = SERIAL.lock().await;
     let mut s = RedisSentinel::start();
     let up = Upstream::start().await;
-    let yaml = format!(
-        "store: {{ backend: redis_sentinel, sentinel: {{ master_name: {MASTER_NAME}, nodes: [\"{}\"] }}, key_prefix: fo, timeout: 250ms, breaker: {{ cooldown: 1s }} }}\n\
-         upstreams: {{ main: [\"{}\"] }}\n{}",
-        s.sentinel_url(),
-        up.addr,
-        one_limit_route("fo-limit", 20)
-    );
-    let gw = Gateway::start(&yaml).await;
+    let gw = sentinel_gateway(&s, &up, "fo", "fo-limit", "250ms").await;
     let url = gw.url("/x");
-    wait_replica_synced(&s).await;
     assert_exact_through_redis("before the failover", &url, "pre", 30, 20, &up).await;
     let pre = format!("{}*", base_key("fo", "fo-limit", "pre"));
     assert_eq!(scan(s.master.port, &pre).len(), 1, "written on the master");
@@ -1092,10 +1131,7 @@ async fn sentinel_failover_the_gateway_follows_the_new_master_and_limits_exactly
         "the replica acknowledged every write"
     );
 
-    let driver = Driver::start(url.clone(), Duration::from_millis(20), Some(("drv", true)));
-    driver
-        .wait("10 requests", Duration::from_secs(20), |s| s.len() >= 10)
-        .await;
+    let driver = light_driver(&url).await;
     let master_port = s.master.port;
     let new_port = s.replica.port;
     let killed_at = Instant::now();
@@ -1105,13 +1141,7 @@ async fn sentinel_failover_the_gateway_follows_the_new_master_and_limits_exactly
     let mut promoted: Option<Duration> = None;
     let deadline = killed_at + Duration::from_secs(40);
     let recovered = loop {
-        if promoted.is_none()
-            && cli(
-                s.sentinel_port,
-                &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME],
-            )
-            .contains(&new_port.to_string())
-        {
+        if promoted.is_none() && sentinel_names_master(&s, new_port) {
             promoted = Some(killed_at.elapsed());
         }
         let snap = driver.snapshot();
@@ -1133,7 +1163,7 @@ async fn sentinel_failover_the_gateway_follows_the_new_master_and_limits_exactly
         .count();
     println!(
         "sentinel failover (down-after-milliseconds 2000): sentinel reported the new master {} after kill -9; degraded window (kill to first response decided by the new master) {:.0} ms; {degraded_n} degraded responses",
-        promoted.map_or("(not seen)".into(), |d| format!("{:.0} ms", ms(d))),
+        ms_or_not_seen(promoted),
         ms(window)
     );
     for x in &samples {
@@ -1274,35 +1304,18 @@ async fn sentinel_failover_away_from_a_stopped_master_is_followed() {
     let up = Upstream::start().await;
     // A deadline below the client's own response timeout (100 ms at least): calls to the stopped
     // master end at tollgate's deadline.
-    let yaml = format!(
-        "store: {{ backend: redis_sentinel, sentinel: {{ master_name: {MASTER_NAME}, nodes: [\"{}\"] }}, key_prefix: fs, timeout: 50ms, breaker: {{ cooldown: 1s }} }}\n\
-         upstreams: {{ main: [\"{}\"] }}\n{}",
-        s.sentinel_url(),
-        up.addr,
-        one_limit_route("fs-limit", 20)
-    );
-    let gw = Gateway::start(&yaml).await;
+    let gw = sentinel_gateway(&s, &up, "fs", "fs-limit", "50ms").await;
     let url = gw.url("/x");
-    wait_replica_synced(&s).await;
     assert_exact_through_redis("before the failover", &url, "pre", 30, 20, &up).await;
 
-    let driver = Driver::start(url.clone(), Duration::from_millis(20), Some(("drv", true)));
-    driver
-        .wait("10 requests", Duration::from_secs(20), |s| s.len() >= 10)
-        .await;
+    let driver = light_driver(&url).await;
     let new_port = s.replica.port;
     let stopped_at = Instant::now();
     s.master.signal("STOP");
     let n_stop = driver.snapshot().len();
     let mut promoted: Option<Instant> = None;
     let recovered = loop {
-        if promoted.is_none()
-            && cli(
-                s.sentinel_port,
-                &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME],
-            )
-            .contains(&new_port.to_string())
-        {
+        if promoted.is_none() && sentinel_names_master(&s, new_port) {
             promoted = Some(Instant::now());
         }
         if let Some(x) = driver.snapshot()[n_stop..]
@@ -1322,10 +1335,7 @@ async fn sentinel_failover_away_from_a_stopped_master_is_followed() {
             "the sentinel switched to the replica {} after SIGSTOP of the master, but {:.1} s \
              after the switch the gateway still answers degraded (it keeps calling the stopped \
              master). Gateway log:\n{}",
-            promoted.map_or("(not seen)".to_string(), |p| format!(
-                "{:.0} ms",
-                ms(p - stopped_at)
-            )),
+            ms_or_not_seen(promoted.map(|p| p - stopped_at)),
             promoted.map_or(0.0, |p| p.elapsed().as_secs_f64()),
             gw.output()
         );
@@ -1338,7 +1348,7 @@ async fn sentinel_failover_away_from_a_stopped_master_is_followed() {
     }
     println!(
         "sentinel failover away from a SIGSTOPped master: sentinel switched {} after SIGSTOP; degraded window {:.0} ms",
-        promoted.map_or("(not seen)".to_string(), |p| format!("{:.0} ms", ms(p - stopped_at))),
+        ms_or_not_seen(promoted.map(|p| p - stopped_at)),
         ms(recovered.saturating_duration_since(stopped_at))
     );
     assert_exact_through_redis("after the failover", &url, "post", 30, 20, &up).await;

@@ -11,10 +11,9 @@ mod common;
 mod redis_server;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Gateway, RawConn, RawResp, Upstream};
+use common::{raw_burst, Gateway, RawConn, RawResp, Upstream};
 use redis_server::RedisServer;
 
 const REDUCED_CAPACITY: &str =
@@ -81,31 +80,10 @@ async fn send(addr: SocketAddr, req: String) -> tokio::task::JoinHandle<Option<R
     })
 }
 
-/// Every request on its own connection: all connections are opened first, then every request
-/// is written at once.
+/// Every request on its own connection to `addr`, all written at once (see [`raw_burst`]).
 async fn burst(addr: SocketAddr, requests: Vec<String>) -> Vec<Option<RawResp>> {
-    let mut conns = Vec::with_capacity(requests.len());
-    for _ in &requests {
-        conns.push(RawConn::connect(addr).await);
-    }
-    let barrier = Arc::new(tokio::sync::Barrier::new(requests.len()));
-    let tasks: Vec<_> = conns
-        .into_iter()
-        .zip(requests)
-        .map(|(mut conn, req)| {
-            let barrier = barrier.clone();
-            tokio::spawn(async move {
-                barrier.wait().await;
-                conn.send(req.as_bytes()).await.ok()?;
-                conn.read_response().await
-            })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.expect("burst task"));
-    }
-    out
+    let targets: Vec<(SocketAddr, String)> = requests.into_iter().map(|r| (addr, r)).collect();
+    raw_burst(&targets).await
 }
 
 /// A shed answer: 503, `Retry-After`, a `temporary-reduced-capacity` problem naming `class`.

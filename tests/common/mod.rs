@@ -674,6 +674,34 @@ impl RawResp {
     }
 }
 
+/// Send every request on its own [`RawConn`] to its address: all connections are opened
+/// first, then every request is written at once. Returns each answer (None: the connection
+/// closed without one), in order.
+pub async fn raw_burst(targets: &[(SocketAddr, String)]) -> Vec<Option<RawResp>> {
+    let mut conns = Vec::with_capacity(targets.len());
+    for (addr, _) in targets {
+        conns.push(RawConn::connect(*addr).await);
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(targets.len()));
+    let tasks: Vec<_> = conns
+        .into_iter()
+        .zip(targets.iter().map(|(_, r)| r.clone()))
+        .map(|(mut conn, req)| {
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                conn.send(req.as_bytes()).await.ok()?;
+                conn.read_response().await
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.expect("burst task"));
+    }
+    out
+}
+
 impl RawConn {
     pub async fn connect(addr: SocketAddr) -> RawConn {
         let stream =
