@@ -312,6 +312,25 @@ fn is_bind_failure(output: &str) -> bool {
     output.contains("cannot listen") || output.contains("Address already in use")
 }
 
+/// Start `name` with `attempt` (which picks fresh free ports each time) until an attempt is
+/// not defeated by a port taken in the meantime: at most [`START_ATTEMPTS`] tries. Any other
+/// start failure panics with the process's output.
+async fn on_free_ports<T, F, Fut>(name: &str, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let mut failures = Vec::new();
+    for _ in 0..START_ATTEMPTS {
+        match attempt().await {
+            Ok(started) => return started,
+            Err(out) if is_bind_failure(&out) => failures.push(out),
+            Err(out) => panic!("{name} failed to start: {out}"),
+        }
+    }
+    panic!("{name}: no free ports after {START_ATTEMPTS} attempts: {failures:#?}");
+}
+
 /// Poll `ready` every 50 ms until it holds, the process exits, or [`START_TIMEOUT`].
 /// `Err(output)` when the process exited.
 async fn wait_ready<F, Fut>(proc: &mut Proc, mut ready: F) -> Result<(), String>
@@ -369,8 +388,8 @@ impl Upstream {
             .timeout(Duration::from_secs(2))
             .build()
             .expect("client");
-        let mut failures = Vec::new();
-        for _ in 0..START_ATTEMPTS {
+        let client = &client;
+        on_free_ports("demo upstream", || async move {
             let addr = loopback(free_port());
             let mut proc = Proc::spawn(
                 "demo upstream",
@@ -378,19 +397,15 @@ impl Upstream {
                 &[],
             );
             let stats = format!("http://{addr}/__demo/stats");
-            match wait_ready(&mut proc, || http_ok(&client, &stats)).await {
-                Ok(()) => {
-                    return Upstream {
-                        addr,
-                        proc,
-                        client: client.clone(),
-                    }
-                }
-                Err(out) if is_bind_failure(&out) => failures.push(out),
-                Err(out) => panic!("demo upstream failed to start: {out}"),
-            }
-        }
-        panic!("demo upstream: no free port after {START_ATTEMPTS} attempts: {failures:#?}");
+            wait_ready(&mut proc, || http_ok(client, &stats))
+                .await
+                .map(|()| Upstream {
+                    addr,
+                    proc,
+                    client: client.clone(),
+                })
+        })
+        .await
     }
 
     pub async fn stats(&self) -> Stats {
@@ -449,8 +464,8 @@ impl Gateway {
             .timeout(Duration::from_secs(2))
             .build()
             .expect("client");
-        let mut failures = Vec::new();
-        for _ in 0..START_ATTEMPTS {
+        let (client, name) = (&client, name.as_str());
+        on_free_ports(name, || async move {
             let dir = tempfile::tempdir().expect("temp dir");
             std::fs::write(dir.path().join("gateway.yaml"), yaml).expect("write config");
             let (listen, admin) = (loopback(free_port()), loopback(free_port()));
@@ -463,28 +478,22 @@ impl Gateway {
                 admin.to_string(),
             ];
             args.extend(extra.iter().map(|a| a.to_string()));
-            let mut proc = Proc::spawn(&name, &args, env);
+            let mut proc = Proc::spawn(name, &args, env);
             let healthz = format!("http://{admin}/healthz");
-            let ready = wait_ready(&mut proc, || {
-                let (client, healthz) = (&client, &healthz);
+            wait_ready(&mut proc, || {
+                let healthz = &healthz;
                 async move { http_ok(client, healthz).await && tcp_open(listen) }
             })
-            .await;
-            match ready {
-                Ok(()) => {
-                    return Gateway {
-                        listen,
-                        admin,
-                        proc,
-                        dir,
-                        client: client.clone(),
-                    }
-                }
-                Err(out) if is_bind_failure(&out) => failures.push(out),
-                Err(out) => panic!("{name} failed to start: {out}"),
-            }
-        }
-        panic!("{name}: no free ports after {START_ATTEMPTS} attempts: {failures:#?}");
+            .await
+            .map(|()| Gateway {
+                listen,
+                admin,
+                proc,
+                dir,
+                client: client.clone(),
+            })
+        })
+        .await
     }
 
     /// `http://127.0.0.1:PORT{path}` of the proxy listener.
