@@ -116,6 +116,19 @@ fn held(key: &str, ms: u64) -> String {
     )
 }
 
+/// [`held`], and then the upstream answers 500.
+fn held_then_500(key: &str, ms: u64) -> String {
+    request(
+        "GET",
+        "/work",
+        &[
+            ("x-api-key", key),
+            ("x-demo-delay-ms", &ms.to_string()),
+            ("x-demo-status", "500"),
+        ],
+    )
+}
+
 /// Exactly 20 of a burst of 50 held `hold_ms` reach the upstream, all at once; the other 30
 /// get the 429.
 async fn assert_twenty_of_fifty(gw: &Gateway, upstream: &Upstream, key: &str, hold_ms: u64) {
@@ -305,16 +318,7 @@ limits:
 
     // An upstream that answers 500 still answers: the 500 goes through and the slot is freed.
     upstream.reset().await;
-    let failing = request(
-        "GET",
-        "/work",
-        &[
-            ("x-api-key", "caller-1"),
-            ("x-demo-delay-ms", &HOLD_MS.to_string()),
-            ("x-demo-status", "500"),
-        ],
-    );
-    let resps = burst_of(50, gw.listen, &failing).await;
+    let resps = burst_of(50, gw.listen, &held_then_500("caller-1", HOLD_MS)).await;
     assert_eq!(
         (count_status(&resps, 500), count_status(&resps, 429)),
         (20, 30),
@@ -493,16 +497,7 @@ async fn redis_slots_are_released_on_disconnect_and_on_upstream_failure() {
     wait_redis_slots_free(&redis, Duration::from_secs(5)).await;
 
     // The upstream answers 500.
-    let failing = request(
-        "GET",
-        "/work",
-        &[
-            ("x-api-key", "caller-1"),
-            ("x-demo-delay-ms", &REDIS_HOLD_MS.to_string()),
-            ("x-demo-status", "500"),
-        ],
-    );
-    let resps = burst_of(50, gw.listen, &failing).await;
+    let resps = burst_of(50, gw.listen, &held_then_500("caller-1", REDIS_HOLD_MS)).await;
     assert_eq!(
         (count_status(&resps, 500), count_status(&resps, 429)),
         (20, 30)
