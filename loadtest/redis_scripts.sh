@@ -22,30 +22,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-8}
 n=${2:-300000}
-command -v redis-server >/dev/null || { echo "needs redis-server and redis-tools (scripts/setup.sh)" >&2; exit 1; }
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-dir=$(mktemp -d)
-taskset -c 0 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null &
-redis_pid=$!
-trap 'kill $redis_pid 2>/dev/null; rm -rf "$dir"' EXIT
-cli() { redis-cli -p "$port" "$@"; }
-for _ in $(seq 50); do [ "$(cli PING 2>/dev/null)" = PONG ] && break; sleep 0.1; done
+source loadtest/redis_lib.sh
 
 cargo build --release --quiet --example store_throughput
-
-# bench SCRIPT KEY ARGS...: sets usec (usec_per_call) and rb (redis-benchmark decisions/s).
-bench() {
-  local sha out
-  sha=$(cli SCRIPT LOAD "$1"); shift
-  cli FLUSHALL >/dev/null; cli CONFIG RESETSTAT >/dev/null
-  out=$(taskset -c 1 redis-benchmark -p "$port" -c 50 -P 16 -n "$n" -r 10000 -q \
-        EVALSHA "$sha" 1 "$@" 2>/dev/null | tr '\r' '\n' | grep -E 'requests per second' | tail -1)
-  rb=$(echo "$out" | grep -oE '[0-9]+(\.[0-9]+)? requests per second' | grep -oE '^[0-9.]+')
-  usec=$(cli INFO commandstats | grep -E '^cmdstat_evalsha:' | sed -E 's/.*usec_per_call=([0-9.]+).*/\1/')
-  cli FLUSHALL >/dev/null
-}
-
-median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 
 algorithms=(sliding_window fixed_window sliding_log token_bucket gcra)
 declare -A script key args usecs rbs
