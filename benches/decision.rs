@@ -1,18 +1,22 @@
 //! The per-request decision path, without the network: identify the caller, match the route,
-//! build the counter keys, and check every limit on the memory store; plus each algorithm on
-//! its own. Run: `cargo bench --bench decision`.
+//! and run the admission pipeline (concurrency and rate limits) on the memory store; the
+//! response headers; and each algorithm on its own. Before criterion runs, it prints the heap
+//! allocations per request of the decision path, counted by a global allocator.
+//! Run: `cargo bench --bench decision`.
 
 use std::hint::black_box;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
-use http::{HeaderMap, Method};
-use tollgate::config::{from_yaml, Config, LimitId, Overrides};
-use tollgate::evaluate::applicable;
-use tollgate::identity::identify;
-use tollgate::limit::{check, Algorithm, Decision, Quota};
-use tollgate::route::match_route;
-use tollgate::store::MemoryStore;
+use http::HeaderMap;
+use tollgate::config::{from_yaml, Overrides};
+use tollgate::limit::{check, Algorithm, Quota};
+use tollgate::store::Store;
+
+#[path = "support/decide.rs"]
+mod support;
+use support::{allocations_per_request, decide};
 
 const CONFIG: &str = r#"
 identity: { trusted_proxies: ["127.0.0.1/32"] }
@@ -31,61 +35,41 @@ limits:
   - { name: global, key: [], algorithm: fixed_window, limit: 100000000, window: 1s }
 "#;
 
-/// What `request_filter` does to decide: identify, route, build the keys, check the store.
-fn decide(
-    cfg: &Config,
-    store: &MemoryStore,
-    headers: &HeaderMap,
-    peer: IpAddr,
-    path: &str,
-    now: u64,
-) -> (Vec<LimitId>, Vec<Decision>) {
-    let method = Method::GET;
-    let caller = identify(cfg, headers, peer).unwrap();
-    let r = match_route(cfg, &method, Some("example.com"), path).unwrap();
-    let (mut ids, mut checks, mut out) = (Vec::new(), Vec::new(), Vec::new());
-    applicable(
-        cfg,
-        &caller,
-        &cfg.routes[r],
-        &method,
-        headers,
-        &mut ids,
-        &mut checks,
-    );
-    store.check(&checks, now, &mut out);
-    (ids, out)
-}
-
 fn request_path(c: &mut Criterion) {
     let cfg = from_yaml("bench.yaml", CONFIG, &Overrides::default()).expect("config");
-    let store = MemoryStore::new(1_000_000);
+    let store = Arc::new(Store::memory(1_000_000));
     let mut headers = HeaderMap::new();
     headers.insert("x-api-key", "demo-free".parse().unwrap());
     let peer: IpAddr = "203.0.113.7".parse().unwrap();
+    let anonymous = HeaderMap::new();
+    println!(
+        "allocations per request (decision path, memory store): API key caller {:.2}, client IP caller {:.2}",
+        allocations_per_request(&cfg, &store, &headers, peer),
+        allocations_per_request(&cfg, &store, &anonymous, peer),
+    );
     let mut now = 1_700_000_000_000u64;
 
     c.bench_function(
-        "request: identify+route+keys+memory check (3 limits)",
+        "request: identify+route+admit, memory store (3 limits)",
         |b| {
             b.iter(|| {
                 now += 1;
-                let (_, out) = decide(&cfg, &store, &headers, peer, "/api/v1/items/7", now);
-                black_box(out[0].allowed)
+                let a = decide(&cfg, &store, &headers, peer, "/api/v1/items/7", now);
+                black_box(a.decisive)
             })
         },
     );
 
     // The response side: the decisive limit's five headers added to an upstream response.
-    let (ids, out) = decide(&cfg, &store, &headers, peer, "/x", now);
-    let decision = out[0];
+    let admitted = decide(&cfg, &store, &headers, peer, "/x", now);
+    let (id, decision) = admitted.decisive.expect("a decisive limit");
     c.bench_function(
         "response headers: RateLimit, RateLimit-Policy, X-RateLimit-*",
         |b| {
             b.iter_batched(
                 || pingora_http::ResponseHeader::build(200, Some(8)).unwrap(),
                 |mut resp| {
-                    tollgate::headers::apply(&cfg, ids[0], &decision, now, &mut resp);
+                    tollgate::headers::apply(&cfg, id, &decision, now, &mut resp);
                     black_box(resp)
                 },
                 BatchSize::SmallInput,
@@ -106,8 +90,8 @@ fn request_path(c: &mut Criterion) {
         b.iter(|| {
             now += 1;
             i = (i + 1) % keys.len();
-            let (_, out) = decide(&cfg, &store, &keys[i], peer, "/x", now);
-            black_box(out[0].allowed)
+            let a = decide(&cfg, &store, &keys[i], peer, "/x", now);
+            black_box(a.decisive)
         })
     });
 }

@@ -8,8 +8,9 @@
 use std::time::Duration;
 
 use redis::AsyncCommands;
+use tollgate::config::Topology;
 use tollgate::limit::{Algorithm, Quota};
-use tollgate::store::{Check, CounterKey, RedisStore, Store, Topology};
+use tollgate::store::{Check, CounterKey, Decisions, RedisStore, Store};
 
 const NOW: u64 = 1_795_000_000_000;
 
@@ -26,7 +27,7 @@ async fn main() {
     let redis = RedisStore::new(Topology::Single { url }, "tollgate", Duration::from_secs(2))
         .expect("store")
         .with_explicit_time();
-    let store = Store::Redis(Box::new(redis));
+    let store = Store::redis(redis);
 
     // (row, algorithm, quota, the times of the requests, relative to NOW in ms)
     let minute = 60_000;
@@ -79,13 +80,14 @@ async fn main() {
         // A caller of its own per row, so rows never share a key.
         let caller = format!("caller-{i}");
         let check = Check {
+            id: 0,
             name: "free-minute".into(),
             key: CounterKey::new("free-minute", [caller.as_bytes()]),
             quota,
             cost: 1,
             shadow: false,
         };
-        let mut out = Vec::new();
+        let mut out = Decisions::new();
         for t in &times {
             store
                 .check(std::slice::from_ref(&check), NOW + t, &mut out)
@@ -93,9 +95,7 @@ async fn main() {
                 .expect("check");
             assert!(out[0].allowed, "{row}: request at +{t} ms denied");
         }
-        let Store::Redis(r) = &store else {
-            unreachable!()
-        };
+        let r = store.redis_store().expect("a Redis store");
         let pattern = format!("{}*", r.base_key(&check));
         let keys: Vec<String> = conn.keys(&pattern).await.expect("KEYS");
         // fixed_window keeps one key per window; here there is one window.

@@ -27,7 +27,9 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const INSTALL: &str =
@@ -327,7 +329,7 @@ async fn run(fault: Fault, clients: usize) -> RunResult {
                     }
                     Err(_) => (0, false),
                 };
-                samples.lock().unwrap().push(Sample {
+                samples.lock().push(Sample {
                     sent,
                     done: Instant::now(),
                     degraded,
@@ -379,7 +381,6 @@ async fn run(fault: Fault, clients: usize) -> RunResult {
     let resumed_at = loop {
         let first = samples
             .lock()
-            .unwrap()
             .iter()
             .filter(|s| s.sent >= back_at && !s.degraded && s.status == 200)
             .map(|s| s.sent)
@@ -421,7 +422,7 @@ async fn run(fault: Fault, clients: usize) -> RunResult {
     }
     drop(redis);
 
-    let samples = samples.lock().unwrap().clone();
+    let samples = samples.lock().clone();
     let lat = |f: &dyn Fn(&Sample) -> bool| -> Vec<Duration> {
         samples
             .iter()

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tollgate::config::Topology;
 use tollgate::limit::{Algorithm, Quota};
-use tollgate::store::{Check, CounterKey, RedisStore, Store, Topology};
+use tollgate::store::{Check, CounterKey, Decisions, RedisStore, Store};
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
@@ -25,14 +26,14 @@ async fn main() {
     let seconds: u64 = args.get(3).map_or(10, |s| s.parse().expect("seconds"));
     let concurrency: usize = args.get(4).map_or(64, |s| s.parse().expect("concurrency"));
 
-    let store = Arc::new(Store::Redis(Box::new(
+    let store = Arc::new(Store::redis(
         RedisStore::new(
             Topology::Single { url },
             "bench",
             Duration::from_millis(500),
         )
         .expect("store"),
-    )));
+    ));
     let quota = Quota::new(algorithm, 1_000_000, 60_000);
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -42,7 +43,7 @@ async fn main() {
         .map(|t| {
             let (store, done, errors) = (store.clone(), done.clone(), errors.clone());
             tokio::spawn(async move {
-                let mut out = Vec::new();
+                let mut out = Decisions::new();
                 let mut i: u64 = t as u64;
                 while Instant::now() < deadline {
                     i = i
@@ -50,6 +51,7 @@ async fn main() {
                         .wrapping_add(1442695040888963407);
                     let key = (i >> 33) % 10_000;
                     let check = Check {
+                        id: 0,
                         name: "bench".into(),
                         key: CounterKey::new("bench", [&key.to_le_bytes()[..]]),
                         quota,

@@ -19,7 +19,6 @@ pub struct Admin {
     pub config: Arc<ConfigHandle>,
     pub store: Arc<Store>,
     pub shedder: Arc<crate::shed::Shedder>,
-    pub slots: Arc<crate::concurrency::MemorySlots>,
 }
 
 pub(crate) fn json_response(status: u16, body: serde_json::Value) -> Response<Vec<u8>> {
@@ -43,7 +42,7 @@ impl Admin {
             None => serde_json::Value::Null,
             Some(s) => {
                 let mut classes = serde_json::Map::new();
-                for p in crate::shed::Priority::ALL {
+                for p in crate::config::Priority::ALL {
                     if let Some(cap) = s.cap(p) {
                         classes.insert(
                             p.as_str().into(),
@@ -54,7 +53,12 @@ impl Admin {
                 json!({ "max_in_flight": s.max_in_flight, "thresholds": classes })
             }
         };
-        body["concurrency"] = crate::concurrency::stats_json(&self.slots);
+        let slots = self.store.slot_stats();
+        body["concurrency"] = json!({
+            "requests_holding_slots": slots.requests_holding(),
+            "redis_releases_pending": slots.releases_pending(),
+            "memory_slots": self.store.local().slots.held(),
+        });
         body
     }
 }

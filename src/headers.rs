@@ -1,7 +1,6 @@
-//! Decision → response headers and the edge's error responses.
+//! A decision as rate-limit response headers, on proxied answers and on 429s alike.
 //!
-//! Phase: the end of `request_filter` (gateway answers) and `response_filter` (proxied
-//! answers). This is the only place where typed outcomes become HTTP.
+//! Phase: `response_filter` (proxied answers) and the edge's refusals ([`crate::refusal`]).
 //!
 //! Headers follow draft-ietf-httpapi-ratelimit-headers (structured fields):
 //! `RateLimit-Policy: "free-minute";q=100;w=60` and `RateLimit: "free-minute";r=47;t=42`, plus
@@ -9,18 +8,10 @@
 //! the most restrictive limit. `t` is the seconds until the quota is restored, or on a denial
 //! until a retry can succeed; `Retry-After` is never earlier than `t` and at least 1.
 
-use bytes::Bytes;
 use pingora_http::ResponseHeader;
-use serde_json::json;
 
-use crate::config::{Config, Limit, LimitId};
+use crate::config::{Config, LimitId, OnError};
 use crate::limit::Decision;
-
-/// Problem type of a rate-limited request (draft-ietf-httpapi-ratelimit-headers §problem types).
-pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
-/// Problem type of a request refused because capacity is temporarily reduced.
-pub const REDUCED_CAPACITY: &str =
-    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
 /// Set on responses decided under a store failure policy: `store-unavailable; policy=local`.
 pub const DEGRADED: &str = "tollgate-degraded";
@@ -40,12 +31,13 @@ pub fn seconds(d: &Decision) -> u64 {
     }
 }
 
-/// Add the rate-limit headers of `limit`'s decision to a response.
+/// Add the rate-limit headers of rate limit `id`'s decision `d`, made at `now_ms`, to a
+/// response.
 pub fn apply(cfg: &Config, id: LimitId, d: &Decision, now_ms: u64, resp: &mut ResponseHeader) {
     let limit = cfg.limit(id);
     let t = seconds(d);
     if cfg.headers.ietf {
-        let _ = resp.insert_header("ratelimit-policy", limit.policy_header.clone());
+        let _ = resp.insert_header("ratelimit-policy", limit.rate().policy_header.clone());
         let _ = resp.insert_header(
             "ratelimit",
             format!("\"{}\";r={};t={}", limit.name, d.remaining, t),
@@ -66,73 +58,10 @@ pub fn apply(cfg: &Config, id: LimitId, d: &Decision, now_ms: u64, resp: &mut Re
     }
 }
 
-/// A problem-details response (RFC 9457): header and body.
-pub fn problem(status: u16, body: serde_json::Value) -> (ResponseHeader, Bytes) {
-    let body = Bytes::from(serde_json::to_vec(&body).expect("json"));
-    let mut h = ResponseHeader::build(status, Some(6)).expect("valid status");
-    let _ = h.insert_header("content-type", "application/problem+json");
-    let _ = h.insert_header("content-length", body.len());
-    let _ = h.insert_header("cache-control", "no-store");
-    (h, body)
-}
-
-/// The 429 for a denial by `limit`.
-pub fn rate_limited(
-    cfg: &Config,
-    id: LimitId,
-    d: &Decision,
-    now_ms: u64,
-) -> (ResponseHeader, Bytes) {
-    let limit: &Limit = cfg.limit(id);
-    let retry = seconds(d);
-    let (mut h, body) = problem(
-        429,
-        json!({
-            "type": QUOTA_EXCEEDED,
-            "title": "Too Many Requests",
-            "status": 429,
-            "detail": format!(
-                "Rate limit \"{}\" of {} per {} exceeded; retry in {} s.",
-                limit.name, limit.quota.limit, limit.window_label, retry
-            ),
-            "policy": &*limit.name,
-            "limit": limit.quota.limit,
-            "window": limit.window_label,
-            "window_seconds": limit.quota.window_ms.div_ceil(1000),
-            "remaining": d.remaining,
-            "retry_after": retry,
-        }),
-    );
-    apply(cfg, id, d, now_ms, &mut h);
-    (h, body)
-}
-
-/// A plain problem with a status, title and detail.
-pub fn simple(status: u16, title: &str, detail: &str) -> (ResponseHeader, Bytes) {
-    problem(
-        status,
-        json!({ "type": "about:blank", "title": title, "status": status, "detail": detail }),
-    )
-}
-
-/// The 503 of a limit that fails closed while its store is down. `what` says which kind of
-/// limit: "rate limit", "concurrency limit".
-pub fn store_unavailable(what: &str, name: &str, retry_after_s: u64) -> (ResponseHeader, Bytes) {
-    let (mut h, body) = problem(
-        503,
-        json!({
-            "type": REDUCED_CAPACITY,
-            "title": "Service Unavailable",
-            "status": 503,
-            "detail": format!(
-                "The {what} \"{name}\" cannot be checked right now and does not fail open; retry in {retry_after_s} s."
-            ),
-            "policy": name,
-            "retry_after": retry_after_s,
-        }),
-    );
-    let _ = h.insert_header("retry-after", retry_after_s);
-    (h, body)
+/// Say that the answer was decided under failure policy `policy` while the store could not
+/// answer.
+pub fn degraded(resp: &mut ResponseHeader, policy: OnError) {
+    let _ = resp.insert_header(DEGRADED, policy.degraded_header());
 }
 
 #[cfg(test)]

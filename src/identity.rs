@@ -9,22 +9,22 @@ use std::net::{IpAddr, SocketAddr};
 use http::HeaderMap;
 use ipnet::IpNet;
 
-use crate::config::{Config, TierId};
+use crate::config::{Config, JwtSettings, TierId};
 
 /// The longest API key accepted, in bytes.
 pub const MAX_API_KEY_LEN: usize = 256;
 
-/// The caller of one request.
+/// The caller of one request. The API key is borrowed from the request's headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
-    pub api_key: Option<String>,
+pub struct Caller<'a> {
+    pub api_key: Option<&'a str>,
     /// From a verified JWT.
     pub user: Option<String>,
     pub tier: Option<TierId>,
     pub client_ip: IpAddr,
 }
 
-impl Caller {
+impl Caller<'_> {
     /// Neither an API key nor a verified user.
     pub fn is_anonymous(&self) -> bool {
         self.api_key.is_none() && self.user.is_none()
@@ -41,7 +41,11 @@ pub enum IdentityError {
 }
 
 /// Identify the caller from the request headers and the TCP peer.
-pub fn identify(cfg: &Config, headers: &HeaderMap, peer: IpAddr) -> Result<Caller, IdentityError> {
+pub fn identify<'h>(
+    cfg: &Config,
+    headers: &'h HeaderMap,
+    peer: IpAddr,
+) -> Result<Caller<'h>, IdentityError> {
     let id = &cfg.identity;
     let api_key = single_header(headers, &id.api_key_header)
         .map(|v| match v {
@@ -51,7 +55,7 @@ pub fn identify(cfg: &Config, headers: &HeaderMap, peer: IpAddr) -> Result<Calle
                     && v.iter().all(|b| b.is_ascii_graphic()) =>
             {
                 // Visible ASCII is valid UTF-8.
-                Ok(String::from_utf8(v.to_vec()).expect("ascii"))
+                std::str::from_utf8(v).map_err(|_| ())
             }
             _ => Err(()),
         })
@@ -60,43 +64,15 @@ pub fn identify(cfg: &Config, headers: &HeaderMap, peer: IpAddr) -> Result<Calle
             header: id.api_key_header.to_string(),
         })?;
 
-    let mut user = None;
-    let mut tier = None;
-    if let Some(jwt) = &id.jwt {
-        if let Some(value) = headers.get(&jwt.header) {
-            let token = value
-                .to_str()
-                .map_err(|_| IdentityError::InvalidToken("not ASCII".into()))?;
-            let token = strip_bearer(token);
-            let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);
-            validation.required_spec_claims.clear();
-            validation.validate_exp = true;
-            validation.validate_nbf = true;
-            validation.leeway = jwt.leeway_s;
-            let data = jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(
-                token,
-                &jwt.key,
-                &validation,
-            )
-            .map_err(|e| IdentityError::InvalidToken(e.to_string()))?;
-            user = data.claims.get(&jwt.user_claim).and_then(claim_string);
-            if user.is_none() {
-                return Err(IdentityError::InvalidToken(format!(
-                    "claim {:?} is missing",
-                    jwt.user_claim
-                )));
-            }
-            tier = data
-                .claims
-                .get(&jwt.tier_claim)
-                .and_then(|t| t.as_str())
-                .and_then(|t| cfg.tiers.iter().position(|x| x.name == t));
-        }
-    }
+    let (user, mut tier) = match &id.jwt {
+        Some(jwt) => match headers.get(&jwt.header) {
+            Some(value) => verify_jwt(cfg, jwt, value)?,
+            None => (None, None),
+        },
+        None => (None, None),
+    };
     if tier.is_none() {
-        tier = api_key
-            .as_deref()
-            .and_then(|k| cfg.api_keys.get(k).copied());
+        tier = api_key.and_then(|k| cfg.api_keys.get(k).copied());
     }
     if tier.is_none() && (api_key.is_some() || user.is_some()) {
         tier = cfg.default_tier;
@@ -107,6 +83,35 @@ pub fn identify(cfg: &Config, headers: &HeaderMap, peer: IpAddr) -> Result<Calle
         tier,
         client_ip: client_ip(peer, headers, &id.trusted_proxies),
     })
+}
+
+/// The user and tier named by a JWT, verified with the settings built at config load.
+fn verify_jwt(
+    cfg: &Config,
+    jwt: &JwtSettings,
+    value: &http::HeaderValue,
+) -> Result<(Option<String>, Option<TierId>), IdentityError> {
+    let token = value
+        .to_str()
+        .map_err(|_| IdentityError::InvalidToken("not ASCII".into()))?;
+    let data = jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(
+        strip_bearer(token),
+        &jwt.key,
+        &jwt.validation,
+    )
+    .map_err(|e| IdentityError::InvalidToken(e.to_string()))?;
+    let Some(user) = data.claims.get(&jwt.user_claim).and_then(claim_string) else {
+        return Err(IdentityError::InvalidToken(format!(
+            "claim {:?} is missing",
+            jwt.user_claim
+        )));
+    };
+    let tier = data
+        .claims
+        .get(&jwt.tier_claim)
+        .and_then(|t| t.as_str())
+        .and_then(|t| cfg.tiers.iter().position(|x| x.name == t));
+    Ok((Some(user), tier))
 }
 
 /// `None` when absent, `Some(Some(bytes))` when sent once, `Some(None)` when sent twice.
@@ -161,12 +166,12 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
         return peer;
     }
     let mut client = peer;
-    let lines: Vec<&str> = headers
+    let lines = headers
         .get_all("x-forwarded-for")
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect();
-    for hop in lines.iter().rev().flat_map(|l| l.rsplit(',')) {
+        .rev()
+        .filter_map(|v| v.to_str().ok());
+    for hop in lines.flat_map(|l| l.rsplit(',')) {
         if hop.trim().is_empty() {
             continue;
         }

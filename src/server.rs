@@ -14,13 +14,12 @@ use pingora_core::services::background::{background_service, BackgroundService};
 use pingora_core::services::listening::Service;
 
 use crate::admin::Admin;
-use crate::concurrency::MemorySlots;
 use crate::config::reload::ConfigHandle;
 use crate::demo::DemoUpstream;
 use crate::limit::{Clock, SystemClock};
 use crate::proxy::Gateway;
 use crate::shed::Shedder;
-use crate::store::{MemoryStore, RedisStore, Store};
+use crate::store::Store;
 
 /// How often the memory store drops expired keys.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
@@ -69,10 +68,8 @@ impl BackgroundService for Maintenance {
             tokio::select! {
                 _ = shutdown.changed() => break,
                 _ = tick.tick() => {
-                    if let Store::Memory(m) = &*store {
-                        let removed = m.sweep(SystemClock.now_ms());
-                        tracing::debug!(removed, "swept expired counters");
-                    }
+                    let removed = store.sweep(SystemClock.now_ms());
+                    tracing::debug!(removed, "swept expired counters");
                 }
             }
         }
@@ -83,38 +80,30 @@ impl BackgroundService for Maintenance {
 /// Run the gateway until it is told to stop (SIGINT, SIGTERM).
 pub fn run(config: Arc<ConfigHandle>) -> Result<(), StartError> {
     let cfg = config.snapshot();
-    check_bind(cfg.server.listen, "server.listen")?;
-    check_bind(cfg.server.admin_listen, "server.admin_listen")?;
+    let startup = &cfg.startup;
+    check_bind(startup.server.listen, "server.listen")?;
+    check_bind(startup.server.admin_listen, "server.admin_listen")?;
 
     let mut server = Server::new_with_opt_and_conf(
         None,
-        pingora_conf(cfg.server.threads, cfg.server.grace_period),
+        pingora_conf(startup.server.threads, startup.server.grace_period),
     );
     server.bootstrap();
 
-    let store = Arc::new(match &cfg.store.redis {
-        None => Store::Memory(MemoryStore::new(cfg.store.max_keys)),
-        Some(t) => Store::Redis(Box::new(
-            RedisStore::new(t.clone(), &cfg.store.key_prefix, cfg.store.timeout)
-                .map_err(StartError::Store)?
-                .with_breaker(cfg.store.breaker),
-        )),
-    });
+    let store = Arc::new(Store::new(&startup.store).map_err(StartError::Store)?);
     let shedder = Arc::new(Shedder::new());
-    let slots = Arc::new(MemorySlots::new());
     let gateway = Gateway {
         config: config.clone(),
         store: store.clone(),
         clock: Arc::new(SystemClock),
         shedder: shedder.clone(),
-        slots: slots.clone(),
     };
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
         gateway,
         "tollgate proxy",
     );
-    proxy.add_tcp(&cfg.server.listen.to_string());
+    proxy.add_tcp(&startup.server.listen.to_string());
 
     let mut admin = Service::new(
         "tollgate admin".to_string(),
@@ -122,20 +111,19 @@ pub fn run(config: Arc<ConfigHandle>) -> Result<(), StartError> {
             config: config.clone(),
             store: store.clone(),
             shedder,
-            slots,
         },
     );
-    admin.add_tcp(&cfg.server.admin_listen.to_string());
+    admin.add_tcp(&startup.server.admin_listen.to_string());
 
     let maintenance = background_service("tollgate maintenance", Maintenance { config, store });
 
     tracing::info!(
-        listen = %cfg.server.listen,
-        admin = %cfg.server.admin_listen,
+        listen = %startup.server.listen,
+        admin = %startup.server.admin_listen,
         config = %cfg.source,
         routes = cfg.routes.len(),
         limits = cfg.limits.len(),
-        store = ?cfg.store.backend,
+        store = %startup.store.backend,
         "tollgate starting"
     );
     server.add_service(proxy);

@@ -6,6 +6,9 @@
 //! class is refused (`503`) while `threshold × max_in_flight` requests are already in flight,
 //! so as load grows `test` is shed first, then `get`, then `post`; `critical` is never shed.
 //!
+//! The policy ([`Shedding`], [`Priority`]) is config and reloads; the state ([`Shedder`]) is
+//! the gateway's and persists.
+//!
 //! Phase: `request_filter`, after identity and route and before any store call, so a shed
 //! request costs no store round trip. Touches only atomics: one compare-and-swap to enter, one
 //! decrement (the [`InFlight`] guard's drop) to leave.
@@ -13,126 +16,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::header::HeaderName;
 use http::{HeaderMap, Method};
-use pingora_http::ResponseHeader;
 use serde_json::json;
 
-use crate::headers::{problem, REDUCED_CAPACITY};
-
-/// `Retry-After` (seconds) of a shed request.
-pub const SHED_RETRY_AFTER_S: u64 = 1;
-
-/// A request's priority class, lowest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Priority {
-    Test = 0,
-    Get = 1,
-    Post = 2,
-    Critical = 3,
-}
-
-impl Priority {
-    /// Every class, lowest priority first.
-    pub const ALL: [Priority; 4] = [
-        Priority::Test,
-        Priority::Get,
-        Priority::Post,
-        Priority::Critical,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::Test => "test",
-            Priority::Get => "get",
-            Priority::Post => "post",
-            Priority::Critical => "critical",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Priority> {
-        Priority::ALL.into_iter().find(|p| p.as_str() == s)
-    }
-
-    /// The class of a request by its method: the safe methods (GET, HEAD, OPTIONS, TRACE) are
-    /// `get`; every other method may change state and is `post`.
-    pub fn of_method(m: &Method) -> Priority {
-        match *m {
-            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE => Priority::Get,
-            _ => Priority::Post,
-        }
-    }
-}
-
-impl std::fmt::Display for Priority {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Which requests are test traffic (`shedding.test_traffic`).
-#[derive(Debug, Clone, Default)]
-pub struct TestTraffic {
-    /// A request carrying this header with a non-empty value is test traffic.
-    pub header: Option<HeaderName>,
-    /// A request whose API key starts with this is test traffic.
-    pub api_key_prefix: Option<String>,
-}
-
-impl TestTraffic {
-    pub fn matches(&self, headers: &HeaderMap, api_key: Option<&str>) -> bool {
-        let by_header = self
-            .header
-            .as_ref()
-            .and_then(|h| headers.get(h))
-            .is_some_and(|v| !v.is_empty());
-        let by_key = match (&self.api_key_prefix, api_key) {
-            (Some(p), Some(k)) => k.starts_with(p.as_str()),
-            _ => false,
-        };
-        by_header || by_key
-    }
-}
-
-/// Validated `shedding` settings.
-#[derive(Debug, Clone)]
-pub struct Shedding {
-    pub max_in_flight: u64,
-    /// Thresholds of `test`, `get`, `post`, as fractions of `max_in_flight`.
-    pub thresholds: [f64; 3],
-    /// For `test`, `get`, `post`: a request of the class is admitted only while fewer than this
-    /// many requests are in flight (`ceil(threshold × max_in_flight)`).
-    caps: [u64; 3],
-    pub test_traffic: TestTraffic,
-}
-
-impl Shedding {
-    /// `thresholds` are those of `test`, `get` and `post`, each in (0, 1] (validated by the
-    /// caller).
-    pub fn new(max_in_flight: u64, thresholds: [f64; 3], test_traffic: TestTraffic) -> Shedding {
-        // In parts per million, so that 0.7 × 40 is exactly 28 and not 28.000000000000004.
-        let cap = |t: f64| {
-            let ppm = (t * 1e6).round() as u128;
-            (ppm * max_in_flight as u128).div_ceil(1_000_000) as u64
-        };
-        Shedding {
-            max_in_flight,
-            thresholds,
-            caps: thresholds.map(cap),
-            test_traffic,
-        }
-    }
-
-    /// How many requests may be in flight for one more of `class` to be admitted; `None` for
-    /// `critical`, which is never shed.
-    pub fn cap(&self, class: Priority) -> Option<u64> {
-        match class {
-            Priority::Critical => None,
-            c => Some(self.caps[c as usize]),
-        }
-    }
-}
+use crate::config::{Priority, Shedding};
 
 /// The class of one request: test traffic first (it is synthetic, whatever route it takes),
 /// then the route's own `priority`, then the method.
@@ -253,31 +140,11 @@ impl Drop for InFlight {
     }
 }
 
-impl Shed {
-    /// The `503` answer: `Retry-After` and a `temporary-reduced-capacity` problem.
-    pub fn response(&self) -> (ResponseHeader, Bytes) {
-        let (mut h, body) = problem(
-            503,
-            json!({
-                "type": REDUCED_CAPACITY,
-                "title": "Service Unavailable",
-                "status": 503,
-                "detail": format!(
-                    "The gateway is near capacity and is shedding {} requests; retry in {} s.",
-                    self.class, SHED_RETRY_AFTER_S
-                ),
-                "priority": self.class.as_str(),
-                "retry_after": SHED_RETRY_AFTER_S,
-            }),
-        );
-        let _ = h.insert_header("retry-after", SHED_RETRY_AFTER_S);
-        (h, body)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::TestTraffic;
+    use http::header::HeaderName;
     use http::HeaderValue;
 
     fn shedder() -> Arc<Shedder> {

@@ -11,8 +11,9 @@ mod redis_server;
 use std::time::Duration;
 
 use redis_server::RedisServer;
+use tollgate::config::Topology;
 use tollgate::limit::{Algorithm, Decision, Quota};
-use tollgate::store::{Check, CounterKey, MemoryStore, RedisStore, Store, Topology};
+use tollgate::store::{Check, CounterKey, Decisions, RedisStore, Store};
 
 /// A small deterministic generator (xorshift64*), so failures replay.
 struct Rng(u64);
@@ -44,7 +45,7 @@ fn quotas() -> Vec<Quota> {
 }
 
 fn stores(redis: &RedisServer, prefix: &str) -> (Store, Store) {
-    let memory = Store::Memory(MemoryStore::new(100_000));
+    let memory = Store::memory(100_000);
     let r = RedisStore::new(
         Topology::Single { url: redis.url() },
         prefix,
@@ -52,7 +53,7 @@ fn stores(redis: &RedisServer, prefix: &str) -> (Store, Store) {
     )
     .expect("redis store")
     .with_explicit_time();
-    (memory, Store::Redis(Box::new(r)))
+    (memory, Store::redis(r))
 }
 
 async fn both(
@@ -62,7 +63,7 @@ async fn both(
     now: u64,
     context: &str,
 ) -> Vec<Decision> {
-    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let (mut a, mut b) = (Decisions::new(), Decisions::new());
     memory.check(checks, now, &mut a).await.expect("memory");
     redis
         .check(checks, now, &mut b)
@@ -72,11 +73,12 @@ async fn both(
         a, b,
         "memory vs redis differ at {context}, now={now}, checks={checks:?}"
     );
-    a
+    a.to_vec()
 }
 
 fn check(name: &str, key: u64, q: Quota, cost: u64, shadow: bool) -> Check {
     Check {
+        id: 0,
         name: name.into(),
         key: CounterKey::new(name, [&key.to_le_bytes()[..]]),
         quota: q,
@@ -238,7 +240,7 @@ async fn denied_request_leaves_other_counters_unchanged_in_redis() {
         check("minute", 1, minute, 1, false),
         check("hour", 1, hour, 1, false),
     ];
-    let mut out = Vec::new();
+    let mut out = Decisions::new();
     for _ in 0..8 {
         r.check(&req, now, &mut out).await.unwrap();
     }

@@ -37,7 +37,9 @@ mod redis_server;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use common::{client, count, loopback, Gateway, Resp, Upstream, QUOTA_EXCEEDED};
@@ -297,7 +299,7 @@ impl Driver {
                             error: Some(format!("{e:?}")),
                         },
                     };
-                    samples.lock().unwrap().push(sample);
+                    samples.lock().push(sample);
                     if !pace.is_zero() {
                         tokio::time::sleep(pace).await;
                     }
@@ -312,7 +314,7 @@ impl Driver {
     }
 
     fn snapshot(&self) -> Vec<Sample> {
-        self.samples.lock().unwrap().clone()
+        self.samples.lock().clone()
     }
 
     /// Poll every 5 ms until `cond` holds on the samples so far; panics after `within`.
@@ -320,7 +322,7 @@ impl Driver {
         let start = Instant::now();
         loop {
             {
-                let s = self.samples.lock().unwrap();
+                let s = self.samples.lock();
                 if cond(&s) {
                     return;
                 }

@@ -68,16 +68,19 @@ impl ConfigHandle {
             self.last_seen
                 .store(content_hash(&bytes), Ordering::Relaxed);
         }
-        let next = Arc::new(load(path, &self.overrides)?);
+        let mut next = load(path, &self.overrides)?;
         let old = self.current.load();
-        if next.server.listen != old.server.listen
-            || next.server.admin_listen != old.server.admin_listen
-        {
+        let changed = old.startup.changes(&next.startup);
+        if !changed.is_empty() {
             tracing::warn!(
-                "listen addresses changed in {}; they take effect on restart",
+                "{} changed in {}; these take effect on restart, the running values stay",
+                changed.join(", "),
                 path.display()
             );
         }
+        // The snapshot says what is in effect: the settings read at start stay.
+        next.startup = old.startup.clone();
+        let next = Arc::new(next);
         self.current.store(next.clone());
         self.generation.fetch_add(1, Ordering::Relaxed);
         Ok(next)

@@ -54,13 +54,20 @@ impl fmt::Display for Algorithm {
     }
 }
 
+/// A word that names no algorithm.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} is not an algorithm (sliding_window, fixed_window, sliding_log, token_bucket, gcra)"
+)]
+pub struct UnknownAlgorithm(pub String);
+
 impl FromStr for Algorithm {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Self, ()> {
+    type Err = UnknownAlgorithm;
+    fn from_str(s: &str) -> Result<Self, UnknownAlgorithm> {
         Algorithm::ALL
             .into_iter()
             .find(|a| a.as_str() == s)
-            .ok_or(())
+            .ok_or_else(|| UnknownAlgorithm(s.to_string()))
     }
 }
 

@@ -9,31 +9,11 @@
 //! for a few instructions and never across an await. Time is a parameter, so tests need no
 //! sleeps.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
-/// Breaker settings (`store.breaker`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BreakerSettings {
-    pub failures: u32,
-    pub failure_ratio: f64,
-    pub min_calls: u32,
-    pub window: Duration,
-    pub cooldown: Duration,
-}
-
-impl Default for BreakerSettings {
-    fn default() -> Self {
-        BreakerSettings {
-            failures: 3,
-            failure_ratio: 0.5,
-            min_calls: 20,
-            window: Duration::from_secs(10),
-            cooldown: Duration::from_secs(5),
-        }
-    }
-}
+pub use crate::config::BreakerSettings;
 
 /// What the breaker says about one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,6 +130,7 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn at(base: Instant, ms: u64) -> Instant {
         base + Duration::from_millis(ms)

@@ -47,11 +47,17 @@ impl CounterKey {
     /// Lower-case hex, 32 characters.
     pub fn hex(&self) -> String {
         let mut s = String::with_capacity(32);
-        for b in self.0 {
-            use fmt::Write;
-            let _ = write!(s, "{b:02x}");
-        }
+        self.write_hex(&mut s);
         s
+    }
+
+    /// Append the lower-case hex of the key (32 characters) to `out`.
+    pub fn write_hex(&self, out: &mut String) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for b in self.0 {
+            out.push(DIGITS[usize::from(b >> 4)] as char);
+            out.push(DIGITS[usize::from(b & 15)] as char);
+        }
     }
 }
 

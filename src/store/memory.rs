@@ -12,11 +12,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use smallvec::SmallVec;
+
 use super::key::{CounterKey, KeyMap};
 use super::sharded::Sharded;
 pub use super::sharded::SHARDS;
-use super::Check;
-use crate::limit::{check, Decision, Outcome, State};
+use super::{Check, Decisions};
+use crate::limit::{check, Outcome, State};
 
 struct Entry {
     state: State,
@@ -43,12 +45,12 @@ impl MemoryStore {
     }
 
     /// Check all of a request's limits atomically; see the module docs.
-    pub fn check(&self, checks: &[Check], now: u64, out: &mut Vec<Decision>) {
+    pub fn check(&self, checks: &[Check], now: u64, out: &mut Decisions) {
         out.clear();
         let mut locked = self.shards.lock(checks.iter().map(|c| &c.key));
 
         // Each check's map key (its algorithm's own slot) with its outcome, computed once.
-        let mut outcomes: Vec<(CounterKey, Outcome)> = Vec::with_capacity(checks.len());
+        let mut outcomes: SmallVec<[(CounterKey, Outcome); 8]> = SmallVec::new();
         let mut admit = true;
         for c in checks {
             let key = c.key.for_algorithm(c.quota.algorithm);
@@ -145,8 +147,9 @@ mod tests {
     use std::sync::Arc;
 
     fn one(store: &MemoryStore, key: &str, q: Quota, now: u64) -> bool {
-        let mut out = Vec::new();
+        let mut out = Decisions::new();
         let c = Check {
+            id: 0,
             name: "t".into(),
             key: CounterKey::new("t", [key.as_bytes()]),
             quota: q,
@@ -164,6 +167,7 @@ mod tests {
         let hour = Quota::new(Algorithm::FixedWindow, 2, 3_600_000);
         let checks = [
             Check {
+                id: 0,
                 name: "t".into(),
                 key: CounterKey::new("minute", []),
                 quota: minute,
@@ -171,6 +175,7 @@ mod tests {
                 shadow: false,
             },
             Check {
+                id: 0,
                 name: "t".into(),
                 key: CounterKey::new("hour", []),
                 quota: hour,
@@ -178,7 +183,7 @@ mod tests {
                 shadow: false,
             },
         ];
-        let mut out = Vec::new();
+        let mut out = Decisions::new();
         for _ in 0..5 {
             s.check(&checks, 1_000, &mut out);
         }
@@ -194,6 +199,7 @@ mod tests {
         let q = Quota::new(Algorithm::FixedWindow, 1, 60_000);
         let checks = [
             Check {
+                id: 0,
                 name: "t".into(),
                 key: CounterKey::new("real", []),
                 quota: Quota::new(Algorithm::FixedWindow, 5, 60_000),
@@ -201,6 +207,7 @@ mod tests {
                 shadow: false,
             },
             Check {
+                id: 0,
                 name: "t".into(),
                 key: CounterKey::new("shadow", []),
                 quota: q,
@@ -208,7 +215,7 @@ mod tests {
                 shadow: true,
             },
         ];
-        let mut out = Vec::new();
+        let mut out = Decisions::new();
         let mut admitted = 0;
         for _ in 0..10 {
             s.check(&checks, 1_000, &mut out);

@@ -29,8 +29,9 @@ use tokio::sync::Mutex as AsyncMutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::breaker::{Admission, Breaker, BreakerSettings, State as BreakerState, Transition};
-use super::{Check, MemoryStore, StoreError};
+use super::breaker::{Admission, Breaker, State as BreakerState, Transition};
+use super::{Check, Decisions, Local, StoreError, FALLBACK_MAX_KEYS};
+use crate::config::{BreakerSettings, Topology};
 use crate::limit::{Algorithm, Decision};
 
 /// Concurrency slots (`kind: concurrency`): their own take and release scripts.
@@ -127,22 +128,6 @@ fn key_tag(a: Algorithm) -> &'static str {
     }
 }
 
-/// Where Redis is.
-#[derive(Debug, Clone)]
-pub enum Topology {
-    Single {
-        url: String,
-    },
-    Cluster {
-        nodes: Vec<String>,
-    },
-    Sentinel {
-        master_name: String,
-        nodes: Vec<String>,
-        url: Option<String>,
-    },
-}
-
 enum Conn {
     Single(redis::Client, Lazy<ConnectionManager>),
     Cluster(Lazy<ClusterConnection>),
@@ -199,8 +184,8 @@ pub struct RedisStore {
     /// pass their own time.
     explicit_time: bool,
     breaker: Breaker,
-    /// The in-process limiter that limits with `on_error: local` fall back to.
-    pub fallback: MemoryStore,
+    /// The in-process counters and slots that limits with `on_error: local` fall back to.
+    pub fallback: Local,
     pub stats: RedisStats,
     /// The last store call succeeded.
     healthy: AtomicBool,
@@ -217,9 +202,6 @@ pub struct RedisStats {
     pub opened: AtomicU64,
 }
 
-/// Keys the fallback limiter keeps at most.
-pub const FALLBACK_MAX_KEYS: usize = 100_000;
-
 fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
@@ -233,7 +215,7 @@ impl RedisStore {
     /// starts (and reports not ready) while Redis is down.
     pub fn new(topology: Topology, prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
         install_tls_provider();
-        let bad = |e: RedisError| StoreError::Unavailable(format!("invalid Redis settings: {e}"));
+        let bad = StoreError::Other;
         let conn = match &topology {
             Topology::Single { url } => {
                 // The manager (and its driver task) is made on first use, inside the runtime
@@ -276,7 +258,7 @@ impl RedisStore {
             timeout,
             explicit_time: false,
             breaker: Breaker::new(BreakerSettings::default(), Instant::now()),
-            fallback: MemoryStore::new(FALLBACK_MAX_KEYS),
+            fallback: Local::new(FALLBACK_MAX_KEYS),
             stats: RedisStats::default(),
             healthy: AtomicBool::new(true),
         })
@@ -321,13 +303,21 @@ impl RedisStore {
     /// so a limit whose algorithm a reload changes starts afresh instead of finding another
     /// algorithm's state (of another type or format) under its key.
     pub fn base_key(&self, c: &Check) -> String {
-        format!(
-            "{{{}:{}:{}}}:{}",
-            self.prefix,
-            c.name,
-            c.key.hex(),
-            key_tag(c.quota.algorithm)
-        )
+        self.key(&c.name, &c.key, key_tag(c.quota.algorithm))
+    }
+
+    /// `{<prefix>:<limit>:<hash>}:<suffix>`, written in one allocation.
+    pub(super) fn key(&self, limit: &str, key: &super::CounterKey, suffix: &str) -> String {
+        let mut k = String::with_capacity(self.prefix.len() + limit.len() + suffix.len() + 37);
+        k.push('{');
+        k.push_str(&self.prefix);
+        k.push(':');
+        k.push_str(limit);
+        k.push(':');
+        key.write_hex(&mut k);
+        k.push_str("}:");
+        k.push_str(suffix);
+        k
     }
 
     /// Check `checks` (with their limit names); see the module docs. Returns the time the
@@ -336,7 +326,7 @@ impl RedisStore {
         &self,
         checks: &[Check],
         now: u64,
-        out: &mut Vec<Decision>,
+        out: &mut Decisions,
     ) -> Result<u64, StoreError> {
         out.clear();
         let keys: Vec<String> = checks.iter().map(|c| self.base_key(c)).collect();
@@ -348,7 +338,7 @@ impl RedisStore {
         }
         // Cluster: one call per slot, in sequence, stopping at the first denial.
         let mut slots: Vec<Option<Decision>> = vec![None; checks.len()];
-        let mut group_out = Vec::new();
+        let mut group_out = Decisions::new();
         let mut denied = false;
         let mut decided_at = now;
         for group in &groups {
@@ -401,7 +391,7 @@ impl RedisStore {
         checks: &[Check],
         idx: &[usize],
         now: u64,
-        out: &mut Vec<Decision>,
+        out: &mut Decisions,
     ) -> Result<(bool, u64), StoreError> {
         let mut inv: ScriptInvocation<'_> = CHECK_SCRIPTS.for_checks(checks, idx).prepare_invoke();
         if self.explicit_time {
@@ -421,8 +411,8 @@ impl RedisStore {
         }
         let reply = self.guarded(&inv, self.timeout).await?;
         if reply.len() != idx.len() * 4 + 2 {
-            return Err(StoreError::Unavailable(format!(
-                "unexpected script reply of {} values",
+            return Err(StoreError::Reply(format!(
+                "{} values from the check script",
                 reply.len()
             )));
         }
@@ -461,7 +451,7 @@ impl RedisStore {
             }
             Ok(Err(e)) => {
                 self.on_error(&e);
-                Err(StoreError::Unavailable(e.to_string()))
+                Err(StoreError::from_redis(e))
             }
             Ok(Ok(r)) => Ok(r),
         };
@@ -471,7 +461,7 @@ impl RedisStore {
             // The first failure after a success starts an outage: the local fallback limiter
             // starts it from empty counters.
             if self.healthy.swap(false, Ordering::Relaxed) {
-                self.fallback.clear();
+                self.fallback.counters.clear();
             }
         } else {
             self.healthy.store(true, Ordering::Relaxed);
@@ -546,6 +536,21 @@ impl RedisStore {
         if let Conn::Sentinel(s) = &self.conn {
             s.master.reset();
         }
+    }
+
+    /// Breaker state and failure counters, for `/readyz`.
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::json!({
+            "backend": "redis",
+            "breaker": match self.breaker_state() {
+                BreakerState::Closed => "closed",
+                BreakerState::Open { .. } => "open",
+                BreakerState::HalfOpen => "half-open",
+            },
+            "failures": self.stats.failures.load(Ordering::Relaxed),
+            "rejected_by_breaker": self.stats.rejected.load(Ordering::Relaxed),
+            "breaker_opened": self.stats.opened.load(Ordering::Relaxed),
+        })
     }
 
     /// Whether Redis answers (a script call with no keys) within the deadline, through the

@@ -1,11 +1,12 @@
 //! Counter-keyed maps split over [`SHARDS`] mutexes, for the in-process stores (rate-limit
-//! counters in [`super::MemoryStore`], concurrency slots in `crate::concurrency`).
+//! counters in [`super::MemoryStore`], concurrency slots in [`super::MemorySlots`]).
 //!
 //! A request that touches several keys locks their shards together, in ascending shard order,
 //! so its check-then-commit is atomic and two requests can never deadlock. Locks are held for
 //! a few map operations, never across an await.
 
 use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
 
 use super::key::KeyMap;
 use super::CounterKey;
@@ -26,9 +27,10 @@ impl<V> Default for Sharded<V> {
 }
 
 /// The shards of a set of keys, locked.
+/// Inline up to 8 shards (a request's limits), so locking does not allocate.
 pub struct Locked<'a, V> {
-    ids: Vec<usize>,
-    guards: Vec<MutexGuard<'a, KeyMap<V>>>,
+    ids: SmallVec<[usize; 8]>,
+    guards: SmallVec<[MutexGuard<'a, KeyMap<V>>; 8]>,
 }
 
 impl<V> Locked<'_, V> {
@@ -57,7 +59,7 @@ fn shard_of(key: &CounterKey) -> usize {
 impl<V> Sharded<V> {
     /// Lock the shards of every key in `keys`, in ascending order.
     pub fn lock<'a, 'k>(&'a self, keys: impl IntoIterator<Item = &'k CounterKey>) -> Locked<'a, V> {
-        let mut ids: Vec<usize> = keys.into_iter().map(shard_of).collect();
+        let mut ids: SmallVec<[usize; 8]> = keys.into_iter().map(shard_of).collect();
         ids.sort_unstable();
         ids.dedup();
         let guards = ids.iter().map(|&i| self.shards[i].lock()).collect();

@@ -15,8 +15,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::RedisStore;
-use crate::concurrency::Claim;
-use crate::store::{CounterKey, StoreError};
+use crate::store::{Claim, InUse, StoreError};
 
 /// Takes one slot of every limit of a request, all or nothing.
 pub const TAKE_SCRIPT: &str = include_str!("../../../lua/concurrency_take.lua");
@@ -28,28 +27,30 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SCRIPT))
 
 impl RedisStore {
     /// The sorted set of a concurrency limit and caller.
-    pub fn slot_key(&self, limit: &str, key: &CounterKey) -> String {
-        format!("{{{}:{}:{}}}:inflight", self.prefix, limit, key.hex())
+    pub fn slot_key(&self, c: &Claim) -> String {
+        self.key(&c.name, &c.key, "inflight")
     }
 
     /// Take a slot of every claim (`keys[i]` is claim `i`'s set) for the request `member`.
-    /// Returns the slots each limit had in use before this request; the request holds its
-    /// slots exactly when every enforcing limit had room.
+    /// `in_use` receives the slots each limit had in use before this request. Returns whether
+    /// the request holds its slots: exactly when every enforcing limit had room.
     pub async fn take_slots(
         &self,
         keys: &[String],
         claims: &[Claim],
         member: &str,
-    ) -> Result<Vec<u64>, StoreError> {
+        in_use: &mut InUse,
+    ) -> Result<bool, StoreError> {
         let groups = self.slot_groups(keys);
-        let mut in_use = vec![0; claims.len()];
+        in_use.clear();
+        in_use.resize(claims.len(), 0);
         for (g, group) in groups.iter().enumerate() {
             let mut inv = TAKE.prepare_invoke();
             inv.arg(member);
             for &i in group {
                 let c = &claims[i];
                 inv.key(&keys[i])
-                    .arg(c.limit)
+                    .arg(c.cap)
                     .arg(c.timeout_ms)
                     .arg(u8::from(c.shadow));
             }
@@ -66,8 +67,8 @@ impl RedisStore {
                     let _ = self.release_slots(&taken, member).await;
                     return Err(match other {
                         Err(e) => e,
-                        Ok(r) => StoreError::Unavailable(format!(
-                            "unexpected concurrency script reply of {} values",
+                        Ok(r) => StoreError::Reply(format!(
+                            "{} values from the concurrency take script",
                             r.len()
                         )),
                     });
@@ -85,10 +86,10 @@ impl RedisStore {
                         .collect();
                     let _ = self.release_slots(&taken, member).await;
                 }
-                break;
+                return Ok(false);
             }
         }
-        Ok(in_use)
+        Ok(true)
     }
 
     /// Give back the slots of `member` in `keys`. Returns how many were freed.

@@ -1,0 +1,158 @@
+//! Admission: every limit that applies to a request, of both kinds, through one pipeline.
+//!
+//! A request first takes a slot of every concurrency limit that applies ([`concurrency`]),
+//! then every rate limit that applies is checked in one store call ([`rate`]). Each kind asks
+//! the one [`Store`] seam, whatever the backend, and when the store cannot answer each limit's
+//! failure policy decides ([`policy`]), the same way for both kinds. The outcome is either
+//! [`Admitted`] (with the slots to hold and the decisive limit for the response headers) or
+//! [`Refused`], one [`Refusal`] that the edge turns into HTTP.
+//!
+//! Phase: `request_filter`, after identity, route and shedding. The common path (a caller
+//! identified by API key or IP, the memory store) allocates nothing: checks, claims and
+//! decisions are small vectors on the stack.
+
+pub mod concurrency;
+pub mod policy;
+pub mod rate;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::{HeaderMap, Method};
+use smallvec::SmallVec;
+
+use crate::config::{Config, KeyPart, LimitId, OnError, Route};
+use crate::identity::Caller;
+use crate::limit::Decision;
+use crate::refusal::Refusal;
+use crate::store::{CounterKey, HeldSlots, Store, StoreError};
+
+/// What the limiter needs to know about one request.
+pub struct Request<'a> {
+    /// The config snapshot the request runs on, start to end.
+    pub cfg: &'a Config,
+    pub caller: &'a Caller<'a>,
+    pub route: &'a Route,
+    pub method: &'a Method,
+    pub headers: &'a HeaderMap,
+}
+
+/// Where a decision was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The embedded memory store.
+    Memory,
+    /// Redis.
+    Redis,
+    /// The in-process fallback of an `on_error: local` limit while Redis could not answer.
+    Local,
+}
+
+/// A request the limits let through.
+#[derive(Debug, Default)]
+pub struct Admitted {
+    /// The most restrictive enforcing rate limit, for the response headers.
+    pub decisive: Option<(LimitId, Decision)>,
+    /// The concurrency slots the request holds until it ends.
+    pub slots: Option<HeldSlots>,
+    /// Set when the store could not answer and failure policies decided.
+    pub degraded: Option<OnError>,
+    /// The store's clock when it decided (Redis's `TIME`), for the reset headers.
+    pub decided_at: u64,
+}
+
+/// A request a limit refused.
+#[derive(Debug)]
+pub struct Refused {
+    pub refusal: Refusal,
+    pub degraded: Option<OnError>,
+}
+
+/// What one admission found beyond its outcome: for logs and metrics.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Shadow limits (of either kind) that would have refused.
+    pub shadow_denied: SmallVec<[LimitId; 2]>,
+    /// Set when the store failed and the failure policies decided.
+    pub store_error: Option<StoreError>,
+}
+
+/// Run every limit that applies to `req` at `now` (the gateway's clock, ms since the Unix
+/// epoch). A request refused by a rate limit gives its concurrency slots back at once.
+pub async fn admit(
+    store: &Arc<Store>,
+    req: &Request<'_>,
+    now: u64,
+    report: &mut Report,
+) -> Result<Admitted, Refused> {
+    let taken = concurrency::take(store, req, report).await?;
+    let mut admitted = rate::check(store, req, now, report)
+        .await
+        .map_err(|mut r| {
+            r.degraded = r.degraded.or(taken.degraded);
+            r
+        })?;
+    admitted.slots = taken.slots;
+    admitted.degraded = admitted.degraded.or(taken.degraded);
+    Ok(admitted)
+}
+
+impl Request<'_> {
+    /// The counter key of the limit named `name` with key `parts` for this request: BLAKE3 of
+    /// the name and the caller's key parts. `None` when the request lacks a part (no API key,
+    /// no such header): then the limit does not apply to it.
+    pub fn counter_key(&self, name: &str, parts: &[KeyPart]) -> Option<CounterKey> {
+        let (ip_buf, ip_len) = match self.caller.client_ip {
+            IpAddr::V4(v4) => {
+                let mut b = [0u8; 16];
+                b[..4].copy_from_slice(&v4.octets());
+                (b, 4)
+            }
+            // One counter per network (`identity.ipv6_prefix`, validated to 1-128).
+            IpAddr::V6(v6) => (
+                ipnet::Ipv6Net::new(v6, self.cfg.identity.ipv6_prefix)
+                    .map_or(v6, |n| n.network())
+                    .octets(),
+                16,
+            ),
+        };
+        // At most 8 parts (validated), without allocating.
+        let mut bytes: [&[u8]; 8] = [&[]; 8];
+        for (slot, part) in bytes.iter_mut().zip(parts) {
+            *slot = match part {
+                KeyPart::ApiKey => self.caller.api_key?.as_bytes(),
+                KeyPart::User => self.caller.user.as_deref()?.as_bytes(),
+                KeyPart::ClientIp => &ip_buf[..ip_len],
+                KeyPart::Route => self.route.name.as_bytes(),
+                KeyPart::Method => self.method.as_str().as_bytes(),
+                KeyPart::Tier => self.cfg.tiers[self.caller.tier?].name.as_bytes(),
+                KeyPart::Header(h) => self.headers.get(h)?.as_bytes(),
+            };
+        }
+        Some(CounterKey::new(name, bytes[..parts.len()].iter().copied()))
+    }
+
+    /// The limits of one kind that apply to this request, with their keys: the route's (its
+    /// own and the top-level ones) and the caller's tier's, minus `anonymous_only` limits for
+    /// identified callers and limits whose key needs a part the request lacks.
+    fn applicable<'s>(
+        &'s self,
+        route: &'s [LimitId],
+        tier: impl Fn(&'s crate::config::Tier) -> &'s [LimitId],
+    ) -> impl Iterator<Item = (LimitId, CounterKey)> + 's {
+        let tier_limits = self
+            .caller
+            .tier
+            .map_or(&[][..], |t| tier(&self.cfg.tiers[t]));
+        route.iter().chain(tier_limits).filter_map(move |&id| {
+            let limit = self.cfg.limit(id);
+            if limit.anonymous_only && !self.caller.is_anonymous() {
+                return None;
+            }
+            Some((id, self.counter_key(&limit.name, &limit.key)?))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,135 @@
+//! Rate limits: every one that applies to a request, checked in one store call; the most
+//! restrictive enforcing one decides.
+//!
+//! Phase: `request_filter`, after the concurrency slots are taken.
+
+use std::sync::Arc;
+
+use super::policy::{self, Failure};
+use super::{Admitted, Refused, Report, Request};
+use crate::config::{Config, LimitId};
+use crate::limit::Decision;
+use crate::refusal::Refusal;
+use crate::store::{Check, Checks, Decisions, Store};
+
+impl Request<'_> {
+    /// The rate limits that apply to this request, with their keys and the route's cost.
+    pub fn rate_checks(&self, out: &mut Checks) {
+        let checks = self
+            .applicable(&self.route.limits.rate, |t| &t.limits.rate)
+            .map(|(id, key)| {
+                let l = self.cfg.limit(id);
+                Check {
+                    id,
+                    name: l.name.clone(),
+                    key,
+                    quota: l.rate().quota,
+                    cost: self.route.cost,
+                    shadow: l.shadow,
+                }
+            });
+        out.extend(checks);
+    }
+}
+
+/// Check every rate limit of `req` and decide.
+pub(super) async fn check(
+    store: &Arc<Store>,
+    req: &Request<'_>,
+    now: u64,
+    report: &mut Report,
+) -> Result<Admitted, Refused> {
+    let mut checks = Checks::new();
+    req.rate_checks(&mut checks);
+    if checks.is_empty() {
+        return Ok(Admitted {
+            decided_at: now,
+            ..Admitted::default()
+        });
+    }
+    let mut decisions = Decisions::new();
+    match store.check(&checks, now, &mut decisions).await {
+        Ok(at) => {
+            let decided = most_restrictive(&checks, &decisions, report);
+            verdict(decided, at, None)
+        }
+        Err(e) => {
+            report.store_error = Some(e);
+            on_store_error(req.cfg, store, &mut checks, now, &mut decisions, report)
+        }
+    }
+}
+
+/// The most restrictive enforcing decision; shadow limits that would deny are reported.
+fn most_restrictive(
+    checks: &[Check],
+    decisions: &[Decision],
+    report: &mut Report,
+) -> Option<(LimitId, Decision)> {
+    let mut decisive: Option<(LimitId, Decision)> = None;
+    for (c, d) in checks.iter().zip(decisions) {
+        if c.shadow {
+            if !d.allowed {
+                report.shadow_denied.push(c.id);
+            }
+            continue;
+        }
+        if decisive.is_none_or(|(_, best)| d.more_restrictive_than(&best)) {
+            decisive = Some((c.id, *d));
+        }
+    }
+    decisive
+}
+
+fn verdict(
+    decisive: Option<(LimitId, Decision)>,
+    at: u64,
+    degraded: Option<crate::config::OnError>,
+) -> Result<Admitted, Refused> {
+    match decisive {
+        Some((limit, decision)) if !decision.allowed => Err(Refused {
+            refusal: Refusal::RateLimited {
+                limit,
+                decision,
+                at_ms: at,
+            },
+            degraded,
+        }),
+        _ => Ok(Admitted {
+            decisive,
+            slots: None,
+            degraded,
+            decided_at: at,
+        }),
+    }
+}
+
+/// The store could not answer: the failure policies decide; `local` limits are checked on the
+/// in-process fallback with their local quota.
+fn on_store_error(
+    cfg: &Config,
+    store: &Store,
+    checks: &mut Checks,
+    now: u64,
+    decisions: &mut Decisions,
+    report: &mut Report,
+) -> Result<Admitted, Refused> {
+    let failure = policy::on_store_error(cfg, checks.iter().map(|c| c.id));
+    let degraded = Some(failure.degraded());
+    match failure {
+        Failure::Closed(limit) => Err(Refused {
+            refusal: Refusal::StoreUnavailable { limit },
+            degraded,
+        }),
+        Failure::Open => verdict(None, now, degraded),
+        Failure::Local => {
+            checks.retain(|c| policy::is_local(cfg, c.id));
+            for c in checks.iter_mut() {
+                c.quota = cfg.limit(c.id).rate().local_quota;
+            }
+            store.local().counters.check(checks, now, decisions);
+            let decided = most_restrictive(checks, decisions, report);
+            verdict(decided, now, degraded)
+        }
+    }
+}

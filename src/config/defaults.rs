@@ -1,0 +1,67 @@
+//! The default of every optional setting of `gateway.yaml`, in one place. The README's
+//! configuration section shows the same values.
+
+use std::time::Duration;
+
+use super::{BreakerSettings, HeaderSettings, KeyPart, OnError};
+use crate::limit::Algorithm;
+
+// server
+pub const LISTEN: &str = "0.0.0.0:8080";
+pub const ADMIN_LISTEN: &str = "127.0.0.1:9901";
+/// How long in-flight requests get to finish on shutdown.
+pub const GRACE_PERIOD: Duration = Duration::from_secs(5);
+
+// store
+/// Deadline of every store call.
+pub const STORE_TIMEOUT: Duration = Duration::from_millis(25);
+pub const KEY_PREFIX: &str = "tollgate";
+/// The most counters the memory store keeps.
+pub const MAX_KEYS: usize = 1_000_000;
+/// `store.url` of `backend: redis`.
+pub const REDIS_URL: &str = "redis://127.0.0.1:6379/0";
+/// Failure policy of limits that set none (`store.on_error`).
+pub const ON_ERROR: OnError = OnError::Allow;
+/// `on_error: local` limits admit `limit × local_share` on the fallback limiter.
+pub const LOCAL_SHARE: f64 = 1.0;
+pub const BREAKER: BreakerSettings = BreakerSettings {
+    failures: 3,
+    failure_ratio: 0.5,
+    min_calls: 20,
+    window: Duration::from_secs(10),
+    cooldown: Duration::from_secs(5),
+};
+
+// identity
+pub const API_KEY_HEADER: &str = "x-api-key";
+/// Per-IP limits count IPv6 clients by this prefix length.
+pub const IPV6_PREFIX: u8 = 64;
+pub const JWT_HEADER: &str = "authorization";
+pub const JWT_USER_CLAIM: &str = "sub";
+pub const JWT_TIER_CLAIM: &str = "tier";
+/// Clock skew allowed when checking `exp` and `nbf`.
+pub const JWT_LEEWAY: Duration = Duration::ZERO;
+
+// limits and routes
+pub const ALGORITHM: Algorithm = Algorithm::SlidingWindow;
+/// The key of a tier's limits that set none; other limits default to `[]`.
+pub const TIER_LIMIT_KEY: &[KeyPart] = &[KeyPart::ApiKey];
+/// Units each request of a route consumes.
+pub const COST: u64 = 1;
+pub const PATH_PREFIX: &str = "/";
+/// The limit that `--upstream` without a config file runs with.
+pub const CATCH_ALL_LIMIT: &str = "{ name: per-ip, key: [client_ip], limit: 600, window: 1m }";
+/// The route that `--upstream` without a `routes` section runs with.
+pub const CATCH_ALL_ROUTE: &str = "{ name: default, match: { path_prefix: / }, upstream: default }";
+/// The upstream `--upstream` defines.
+pub const FLAG_UPSTREAM: &str = "default";
+
+// shedding
+/// `shedding.thresholds` of `test`, `get` and `post`.
+pub const SHED_THRESHOLDS: [f64; 3] = [0.7, 0.8, 0.9];
+
+// headers
+pub const HEADERS: HeaderSettings = HeaderSettings {
+    ietf: true,
+    legacy: true,
+};

@@ -1,0 +1,149 @@
+use std::time::Duration;
+
+use super::*;
+
+fn check(yaml: &str) -> Result<Config, Vec<String>> {
+    from_yaml("gateway.yaml", yaml, &Overrides::default()).map_err(|e| e.0)
+}
+
+const MIN: &str = "upstreams: { backend: [\"127.0.0.1:9000\"] }\nroutes: [ { name: default, match: { path_prefix: / }, upstream: backend } ]\n";
+
+#[test]
+fn minimal_config_gets_defaults() {
+    let c = check(MIN).unwrap();
+    assert_eq!(c.startup.server.listen.to_string(), "0.0.0.0:8080");
+    assert_eq!(c.startup.server.admin_listen.to_string(), "127.0.0.1:9901");
+    assert_eq!(c.startup.store.timeout, Duration::from_millis(25));
+    assert_eq!(c.failure.on_error, OnError::Allow);
+    assert!(c.headers.ietf && c.headers.legacy);
+    assert!(c.limits.is_empty());
+}
+
+#[test]
+fn collects_errors_from_every_section() {
+    let yaml = format!(
+        "{MIN}store: {{ timeout: 1x }}\nlimits:\n  - {{ name: a, limit: 0, window: 1m }}\n  - {{ name: b, limt: 5, window: 1m }}\n"
+    );
+    let errs = check(&yaml).unwrap_err();
+    assert_eq!(
+        errs,
+        vec![
+            "gateway.yaml: store.timeout: \"1x\" is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)",
+            "gateway.yaml: limits[0].limit: must be at least 1",
+            "gateway.yaml: limits[1].limt: unknown field `limt`, expected one of `name`, `kind`, `key`, `algorithm`, `limit`, `window`, `timeout`, `burst`, `anonymous_only`, `shadow`, `on_error`, `routes`",
+        ]
+    );
+}
+
+#[test]
+fn top_level_limits_attach_to_named_routes_only() {
+    let yaml = "upstreams: { b: [\"127.0.0.1:9000\"] }\nroutes:\n  - { name: login, match: { path_prefix: /login }, upstream: b }\n  - { name: rest, match: { path_prefix: / }, upstream: b }\nlimits:\n  - { name: l, key: [client_ip], limit: 5, window: 1m, routes: [login] }\n  - { name: g, key: [], limit: 5, window: 1s }\n";
+    let c = check(yaml).unwrap();
+    let login = c.routes.iter().find(|r| &*r.name == "login").unwrap();
+    let rest = c.routes.iter().find(|r| &*r.name == "rest").unwrap();
+    assert_eq!(login.limits.rate, vec![0, 1]);
+    assert_eq!(rest.limits.rate, vec![1]);
+    assert_eq!(c.limits[0].rate().policy_header, "\"l\";q=5;w=60");
+}
+
+#[test]
+fn concurrency_limits_are_kept_apart_from_rate_limits() {
+    let yaml = r#"
+store: { local_share: 0.5 }
+tiers:
+  free:
+    - { name: free-minute, limit: 100, window: 1m }
+    - { name: free-inflight, kind: concurrency, limit: 5, timeout: 30s }
+upstreams: { b: ["127.0.0.1:9000"] }
+routes:
+  - name: pay
+    match: { path_prefix: /pay }
+    upstream: b
+    priority: critical
+    limits: [ { name: pay-inflight, kind: concurrency, key: [route], limit: 3, timeout: 1m, on_error: deny } ]
+  - { name: rest, match: { path_prefix: / }, upstream: b }
+limits:
+  - { name: inflight, kind: concurrency, key: [api_key], limit: 20, timeout: 60s, routes: [rest] }
+  - { name: g, kind: rate, key: [], limit: 5, window: 1s }
+"#;
+    let c = check(yaml).unwrap();
+    let names = |ids: &[usize]| -> Vec<String> {
+        ids.iter().map(|&i| c.limits[i].name.to_string()).collect()
+    };
+    let rate: Vec<&str> = c
+        .limits
+        .iter()
+        .filter(|l| matches!(l.spec, Spec::Rate(_)))
+        .map(|l| &*l.name)
+        .collect();
+    assert_eq!(rate, ["free-minute", "g"]);
+    let free = &c.tiers[0];
+    assert_eq!(names(&free.limits.rate), ["free-minute"]);
+    assert_eq!(names(&free.limits.concurrency), ["free-inflight"]);
+    assert_eq!(c.limits[free.limits.concurrency[0]].key, [KeyPart::ApiKey]);
+    let pay = c.routes.iter().find(|r| &*r.name == "pay").unwrap();
+    let rest = c.routes.iter().find(|r| &*r.name == "rest").unwrap();
+    assert_eq!(names(&pay.limits.concurrency), ["pay-inflight"]);
+    assert_eq!(names(&rest.limits.concurrency), ["inflight"]);
+    assert_eq!(names(&rest.limits.rate), ["g"]);
+    assert_eq!(pay.priority, Some(Priority::Critical));
+    assert_eq!(rest.priority, None);
+    let inflight = c.limits[rest.limits.concurrency[0]].concurrency();
+    assert_eq!(
+        (inflight.limit, inflight.timeout, inflight.local_limit),
+        (20, Duration::from_secs(60), 10)
+    );
+    assert_eq!(c.limits[pay.limits.concurrency[0]].on_error, OnError::Deny);
+    assert!(c.shedding.is_none());
+}
+
+#[test]
+fn shedding_defaults_and_names_shared_with_rate_limits() {
+    let yaml = format!("{MIN}shedding: {{ max_in_flight: 40 }}\n");
+    let s = check(&yaml).unwrap().shedding.unwrap();
+    assert_eq!(s.thresholds, defaults::SHED_THRESHOLDS);
+    assert_eq!(s.cap(Priority::Test), Some(28));
+    assert_eq!(s.cap(Priority::Critical), None);
+    assert!(s.test_traffic.header.is_none());
+
+    // One name space for both kinds.
+    let yaml = format!("{MIN}limits:\n  - {{ name: a, limit: 1, window: 1s }}\n  - {{ name: a, kind: concurrency, limit: 1, timeout: 1s }}\n");
+    assert_eq!(
+        check(&yaml).unwrap_err(),
+        ["gateway.yaml: limits[1].name: duplicate limit name \"a\" (limit names are unique across tiers, routes and limits)"]
+    );
+}
+
+#[test]
+fn startup_changes_are_named() {
+    let a = check(MIN).unwrap();
+    let b = check(&format!(
+        "{MIN}server: {{ listen: \"127.0.0.1:1\", grace_period: 1s }}\nstore: {{ timeout: 1s }}\n"
+    ))
+    .unwrap();
+    assert_eq!(a.startup.changes(&a.startup), Vec::<&str>::new());
+    assert_eq!(
+        a.startup.changes(&b.startup),
+        ["server.listen", "server.grace_period", "store.timeout"]
+    );
+}
+
+#[test]
+fn words_list_what_they_expect() {
+    assert_eq!(
+        "ignore".parse::<OnError>().unwrap_err().to_string(),
+        "\"ignore\" is not a failure policy (allow, deny, local)"
+    );
+    assert_eq!(
+        "semaphore".parse::<Kind>().unwrap_err().to_string(),
+        "\"semaphore\" is not a limit kind (rate, concurrency)"
+    );
+    assert_eq!(
+        "redis_cluster".parse::<Backend>(),
+        Ok(Backend::RedisCluster)
+    );
+    assert_eq!(
+        "urgent".parse::<Priority>().unwrap_err().to_string(),
+        "\"urgent\" is not a priority class (critical, post, get, test)"
+    );
+}

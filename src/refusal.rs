@@ -1,0 +1,277 @@
+//! Every answer the gateway makes itself, as one type, and the one place it becomes HTTP: a
+//! status, headers and an RFC 9457 problem-details body (`application/problem+json`).
+//!
+//! Phase: the edge. `request_filter` either admits a request or answers one [`Refusal`];
+//! `fail_to_proxy` answers the upstream's failures the same way. (Malformed heads, more than
+//! 256 headers, over 1 MiB of head and CONNECT are answered by Pingora before any hook runs.)
+
+use bytes::Bytes;
+use http::Method;
+use pingora_http::ResponseHeader;
+use serde::Serialize;
+
+use crate::config::{Config, LimitId, OnError, Priority, Spec};
+use crate::headers;
+use crate::identity::IdentityError;
+use crate::limit::Decision;
+
+/// Problem type of a rate-limited request (draft-ietf-httpapi-ratelimit-headers §problem types).
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+/// Problem type of a request refused because capacity is temporarily reduced.
+pub const REDUCED_CAPACITY: &str =
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
+/// `Retry-After` (seconds) of a shed request, of a full concurrency limit (a slot frees as
+/// soon as any of the caller's requests ends), and of a limit that fails closed.
+pub const RETRY_AFTER_S: u64 = 1;
+
+/// An answer the gateway makes itself instead of proxying.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// 400 (malformed API key) or 401 (invalid JWT).
+    Credentials(IdentityError),
+    /// 404: no route matches.
+    NoRoute { method: Method, path: String },
+    /// 503: shed by priority while the gateway is near capacity.
+    Shed(Priority),
+    /// 429: a concurrency limit has no free slot; `in_use` slots were taken.
+    SlotsFull { limit: LimitId, in_use: u64 },
+    /// 429: a rate limit is exhausted (decided at `at_ms`, the store's clock).
+    RateLimited {
+        limit: LimitId,
+        decision: Decision,
+        at_ms: u64,
+    },
+    /// 503: the store cannot answer and this limit fails closed.
+    StoreUnavailable { limit: LimitId },
+    /// 400: the request could not be read.
+    BadRequest,
+    /// 502: the upstream could not be reached or failed.
+    UpstreamFailed,
+    /// 500: the gateway failed.
+    Internal,
+    /// Another error status Pingora reported while proxying.
+    Failed(u16),
+}
+
+impl From<IdentityError> for Refusal {
+    fn from(e: IdentityError) -> Self {
+        Refusal::Credentials(e)
+    }
+}
+
+/// A problem-details body; the fields after `detail` depend on the problem.
+#[derive(Serialize)]
+struct Problem<'a, X: Serialize> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    title: &'a str,
+    status: u16,
+    detail: String,
+    #[serde(flatten)]
+    extra: X,
+}
+
+#[derive(Serialize)]
+struct RateFields<'a> {
+    policy: &'a str,
+    limit: u64,
+    window: &'a str,
+    window_seconds: u64,
+    remaining: u64,
+    retry_after: u64,
+}
+
+#[derive(Serialize)]
+struct SlotFields<'a> {
+    policy: &'a str,
+    limit: u64,
+    in_progress: u64,
+    retry_after: u64,
+}
+
+#[derive(Serialize)]
+struct PolicyFields<'a> {
+    policy: &'a str,
+    retry_after: u64,
+}
+
+#[derive(Serialize)]
+struct ShedFields {
+    priority: &'static str,
+    retry_after: u64,
+}
+
+#[derive(Serialize)]
+struct NoFields {}
+
+impl Refusal {
+    /// The refusal for an error status Pingora reported.
+    pub fn from_status(code: u16) -> Refusal {
+        match code {
+            400 => Refusal::BadRequest,
+            502 => Refusal::UpstreamFailed,
+            500 => Refusal::Internal,
+            other => Refusal::Failed(other),
+        }
+    }
+
+    pub fn status(&self) -> u16 {
+        match self {
+            Refusal::Credentials(IdentityError::InvalidApiKey { .. }) => 400,
+            Refusal::Credentials(IdentityError::InvalidToken(_)) => 401,
+            Refusal::NoRoute { .. } => 404,
+            Refusal::Shed(_) | Refusal::StoreUnavailable { .. } => 503,
+            Refusal::SlotsFull { .. } | Refusal::RateLimited { .. } => 429,
+            Refusal::BadRequest => 400,
+            Refusal::UpstreamFailed => 502,
+            Refusal::Internal => 500,
+            Refusal::Failed(code) => *code,
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        http::StatusCode::from_u16(self.status())
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .unwrap_or("Error")
+    }
+
+    /// The whole answer: head and body. `degraded` is the failure policy that decided, when
+    /// the store could not answer.
+    pub fn response(&self, cfg: &Config, degraded: Option<OnError>) -> (ResponseHeader, Bytes) {
+        let (mut head, body) = self.problem(cfg);
+        match self {
+            Refusal::Credentials(IdentityError::InvalidToken(_)) => {
+                let _ = head.insert_header("www-authenticate", "Bearer error=\"invalid_token\"");
+            }
+            Refusal::RateLimited {
+                limit,
+                decision,
+                at_ms,
+            } => headers::apply(cfg, *limit, decision, *at_ms, &mut head),
+            Refusal::Shed(_) | Refusal::SlotsFull { .. } | Refusal::StoreUnavailable { .. } => {
+                let _ = head.insert_header("retry-after", RETRY_AFTER_S);
+            }
+            _ => {}
+        }
+        if let Some(policy) = degraded {
+            headers::degraded(&mut head, policy);
+        }
+        (head, body)
+    }
+
+    /// The status line and body, with the content headers.
+    fn problem(&self, cfg: &Config) -> (ResponseHeader, Bytes) {
+        let body = match self {
+            Refusal::Credentials(e) => self.body("about:blank", e.to_string(), NoFields {}),
+            Refusal::NoRoute { method, path } => self.body(
+                "about:blank",
+                format!("No route matches {method} {path}."),
+                NoFields {},
+            ),
+            Refusal::Shed(class) => self.body(
+                REDUCED_CAPACITY,
+                format!(
+                    "The gateway is near capacity and is shedding {class} requests; retry in {RETRY_AFTER_S} s."
+                ),
+                ShedFields {
+                    priority: class.as_str(),
+                    retry_after: RETRY_AFTER_S,
+                },
+            ),
+            Refusal::SlotsFull { limit, in_use } => self.slots_full(cfg, *limit, *in_use),
+            Refusal::RateLimited { limit, decision, .. } => self.rate_limited(cfg, *limit, decision),
+            Refusal::StoreUnavailable { limit } => self.store_unavailable(cfg, *limit),
+            Refusal::BadRequest => self.plain("The request could not be read."),
+            Refusal::UpstreamFailed => {
+                self.plain("The upstream could not be reached or failed to answer.")
+            }
+            Refusal::Internal => self.plain("The gateway failed to handle the request."),
+            Refusal::Failed(_) => self.plain("The gateway could not handle the request."),
+        };
+        (problem_head(self.status(), body.len()), Bytes::from(body))
+    }
+
+    /// A problem-details body of this refusal's status.
+    fn body(&self, kind: &str, detail: String, extra: impl Serialize) -> Vec<u8> {
+        let p = Problem {
+            kind,
+            title: self.title(),
+            status: self.status(),
+            detail,
+            extra,
+        };
+        serde_json::to_vec(&p).expect("serializable")
+    }
+
+    fn plain(&self, detail: &str) -> Vec<u8> {
+        self.body("about:blank", detail.to_string(), NoFields {})
+    }
+
+    fn slots_full(&self, cfg: &Config, id: LimitId, in_use: u64) -> Vec<u8> {
+        let l = cfg.limit(id);
+        let cap = l.concurrency().limit;
+        self.body(
+            QUOTA_EXCEEDED,
+            format!(
+                "Concurrency limit \"{}\" of {cap} requests in progress exceeded; retry in {RETRY_AFTER_S} s.",
+                l.name
+            ),
+            SlotFields {
+                policy: &l.name,
+                limit: cap,
+                in_progress: in_use,
+                retry_after: RETRY_AFTER_S,
+            },
+        )
+    }
+
+    fn rate_limited(&self, cfg: &Config, id: LimitId, d: &Decision) -> Vec<u8> {
+        let limit = cfg.limit(id);
+        let rate = limit.rate();
+        let retry = headers::seconds(d);
+        self.body(
+            QUOTA_EXCEEDED,
+            format!(
+                "Rate limit \"{}\" of {} per {} exceeded; retry in {retry} s.",
+                limit.name, rate.quota.limit, rate.window_label
+            ),
+            RateFields {
+                policy: &limit.name,
+                limit: rate.quota.limit,
+                window: &rate.window_label,
+                window_seconds: rate.quota.window_ms.div_ceil(1000),
+                remaining: d.remaining,
+                retry_after: retry,
+            },
+        )
+    }
+
+    fn store_unavailable(&self, cfg: &Config, id: LimitId) -> Vec<u8> {
+        let l = cfg.limit(id);
+        let what = match l.spec {
+            Spec::Rate(_) => "rate limit",
+            Spec::Concurrency(_) => "concurrency limit",
+        };
+        self.body(
+            REDUCED_CAPACITY,
+            format!(
+                "The {what} \"{}\" cannot be checked right now and does not fail open; retry in {RETRY_AFTER_S} s.",
+                l.name
+            ),
+            PolicyFields {
+                policy: &l.name,
+                retry_after: RETRY_AFTER_S,
+            },
+        )
+    }
+}
+
+/// The head of a problem-details answer.
+fn problem_head(status: u16, len: usize) -> ResponseHeader {
+    let mut h = ResponseHeader::build(status, Some(8)).expect("valid status");
+    let _ = h.insert_header("content-type", "application/problem+json");
+    let _ = h.insert_header("content-length", len);
+    let _ = h.insert_header("cache-control", "no-store");
+    h
+}
