@@ -248,7 +248,9 @@ impl Store {
                 m.counters.check(checks, now, out);
                 Ok(now)
             }
-            Backend::Redis(r) => r.check(checks, now, out).await,
+            // Boxed: the Redis call's future is kilobytes, and every future that awaits this
+            // one would carry it, on the memory path too.
+            Backend::Redis(r) => Box::pin(r.check(checks, now, out)).await,
         }
     }
 
@@ -264,7 +266,7 @@ impl Store {
         };
         let keys: Vec<String> = claims.iter().map(|c| redis.slot_key(c)).collect();
         let member = self.request_member();
-        match redis.take_slots(&keys, claims, &member, in_use).await {
+        match Box::pin(redis.take_slots(&keys, claims, &member, in_use)).await {
             Ok(true) => Ok(Some(HeldSlots::new(
                 self,
                 slots::Held::Redis { keys, member },
