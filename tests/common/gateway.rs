@@ -178,13 +178,9 @@ impl Gateway {
     pub async fn wait_readyz(&self, want: u16, within: Duration) -> serde_json::Value {
         let what = format!("/readyz of {} answers {want}", self.proc.name());
         eventually(what, within)
-            .holds_async(|| async move {
-                match self.readyz_status().await {
-                    (status, body) if status == want => Ok(body),
-                    (status, body) => Err(format!("{status} {body}")),
-                }
-            })
+            .holds_on(|| self.readyz_status(), |(status, _)| *status == want)
             .await
+            .1
     }
 
     /// `GET /stats` of the admin listener: requests in flight, shedding per class, slots.
@@ -199,18 +195,10 @@ impl Gateway {
         within: Duration,
         cond: impl Fn(&serde_json::Value) -> bool,
     ) {
-        let cond = &cond;
         eventually(format!("{}: {what}", self.proc.name()), within)
             .every(Duration::from_millis(20))
-            .holds_async(|| async move {
-                let s = self.stats().await;
-                if cond(&s) {
-                    Ok(())
-                } else {
-                    Err(s)
-                }
-            })
-            .await
+            .holds_on(|| self.stats(), cond)
+            .await;
     }
 
     /// Wait until no request holds a concurrency slot and the in-process table is empty.
@@ -244,14 +232,7 @@ impl Gateway {
     pub async fn wait_generation(&self, at_least: u64, within: Duration) -> Duration {
         let start = Instant::now();
         eventually(format!("config generation {at_least}"), within)
-            .holds_async(|| async move {
-                let generation = self.generation().await;
-                if generation >= at_least {
-                    Ok(())
-                } else {
-                    Err(format!("generation {generation}"))
-                }
-            })
+            .holds_on(|| self.generation(), |g| *g >= at_least)
             .await;
         start.elapsed()
     }

@@ -151,17 +151,8 @@ impl Load {
     /// Send `per_conn` requests on every connection; every reply, in the order they came.
     pub async fn run(self, per_conn: usize) -> Vec<Reply> {
         let within = self.within;
-        let mut driver = self.spawn(per_conn);
-        let tasks = std::mem::take(&mut driver.tasks);
-        let all = async {
-            for t in tasks {
-                t.await.expect("load task panicked");
-            }
-        };
-        tokio::time::timeout(within, all)
-            .await
-            .unwrap_or_else(|_| panic!("load run did not finish within {within:?}"));
-        driver.snapshot()
+        let driver = self.spawn(per_conn);
+        driver.join("load run did not finish", within).await
     }
 
     /// Keep sending in the background until [`Driver::finish`].
@@ -281,17 +272,23 @@ impl Driver {
     }
 
     /// Stop (each connection after its request in flight) and return every reply.
-    pub async fn finish(mut self) -> Vec<Reply> {
+    pub async fn finish(self) -> Vec<Reply> {
         self.stop.store(true, Ordering::SeqCst);
-        let tasks = std::mem::take(&mut self.tasks);
+        self.join("driver did not stop", STOP_TIMEOUT).await
+    }
+
+    /// Wait for every connection to end, at most `within` (else panic with `what`); every
+    /// reply.
+    /// (A timeout drops `self`, which aborts the connections.)
+    async fn join(mut self, what: &str, within: Duration) -> Vec<Reply> {
         let all = async {
-            for t in tasks {
-                t.await.expect("driver task panicked");
+            for t in &mut self.tasks {
+                t.await.expect("load task panicked");
             }
         };
-        tokio::time::timeout(STOP_TIMEOUT, all)
+        tokio::time::timeout(within, all)
             .await
-            .unwrap_or_else(|_| panic!("driver did not stop within {STOP_TIMEOUT:?}"));
+            .unwrap_or_else(|_| panic!("{what} within {within:?}"));
         self.snapshot()
     }
 }

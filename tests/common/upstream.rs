@@ -69,18 +69,10 @@ impl Upstream {
 
     /// Poll the stats every 10 ms until `cond` holds; panics after `within`.
     pub async fn wait_stats(&self, what: &str, within: Duration, cond: impl Fn(&Stats) -> bool) {
-        let cond = &cond;
         eventually(format!("upstream: {what}"), within)
             .every(Duration::from_millis(10))
-            .holds_async(|| async move {
-                let s = self.stats().await;
-                if cond(&s) {
-                    Ok(())
-                } else {
-                    Err(format!("{s:?}"))
-                }
-            })
-            .await
+            .holds_on(|| self.stats(), cond)
+            .await;
     }
 
     /// Wait until exactly `n` requests are in flight at the upstream; panics after 10 s.

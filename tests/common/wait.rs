@@ -9,7 +9,7 @@
 //!     .await;
 //! ```
 
-use std::fmt::Display;
+use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -94,6 +94,29 @@ impl Eventually {
             }
             tokio::time::sleep(self.every).await;
         }
+    }
+
+    /// Poll `fetch` until `cond` holds on the value it produced; returns that value. The
+    /// last value is shown if time runs out.
+    pub async fn holds_on<T, F, Fut>(self, mut fetch: F, cond: impl Fn(&T) -> bool) -> T
+    where
+        T: Debug,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let cond = &cond;
+        self.holds_async(|| {
+            let value = fetch();
+            async move {
+                let value = value.await;
+                if cond(&value) {
+                    Ok(value)
+                } else {
+                    Err(format!("{value:?}"))
+                }
+            }
+        })
+        .await
     }
 
     /// [`Eventually::holds`] outside an async context (the thread sleeps between checks).
