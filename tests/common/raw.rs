@@ -73,6 +73,20 @@ impl RawResp {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).expect("JSON body")
     }
+
+    /// A problem answer of the gateway (RFC 9457): `status`, `Content-Type:
+    /// application/problem+json`, and `"status": status` in the body, which it returns.
+    pub fn problem(&self, status: u16) -> serde_json::Value {
+        assert_eq!(self.status, status, "{self:?}");
+        assert_eq!(
+            self.header("content-type").as_deref(),
+            Some("application/problem+json"),
+            "{self:?}"
+        );
+        let body = self.json();
+        assert_eq!(body["status"], status, "{body}");
+        body
+    }
 }
 
 impl RawConn {
