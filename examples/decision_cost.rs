@@ -48,6 +48,13 @@ fn main() {
     support::decide(&cfg, &store, &headers, peer, "/api/v1/items/7", now);
     for _ in 0..n {
         now += 1;
-        std::hint::black_box(support::decide(&cfg, &store, &headers, peer, "/api/v1/items/7", now));
+        std::hint::black_box(support::decide(
+            &cfg,
+            &store,
+            &headers,
+            peer,
+            "/api/v1/items/7",
+            now,
+        ));
     }
 }

@@ -1,7 +1,7 @@
 //! In-flight tracking and priority load shedding.
 //!
 //! Every request that gets past routing is in flight until it ends, and is counted in one
-//! process-wide atomic. Each request belongs to a [`Priority`] class: `critical` (routes marked
+//! atomic of the gateway's [`Shedder`]. Each request belongs to a [`Priority`] class: `critical` (routes marked
 //! so), `post` (writes), `get` (reads) and `test` (test traffic). With a `shedding` section, a
 //! class is refused (`503`) while `threshold × max_in_flight` requests are already in flight,
 //! so as load grows `test` is shed first, then `get`, then `post`; `critical` is never shed.

@@ -1,6 +1,6 @@
 //! Concurrent-request limits (`kind: concurrency`, issue 5) against real processes: the
 //! gateway binary, the demo upstream holding each request with `x-demo-delay-ms`, and (for the
-//! fleet-wide cap) a real `redis-server`, all on loopback.
+//! fleet-wide cap, in the module `with_redis`) a real `redis-server`, all on loopback.
 //!
 //! Bursts open every connection first and then write every request at once, so all of them
 //! reach the gateway within a few milliseconds, far less than the 300 ms the upstream holds
@@ -9,92 +9,23 @@
 //! (no concurrency set left), polled with a bound, and then proven by admitting a full burst.
 
 mod common;
-mod redis_server;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{raw_burst, ClosedPort, Gateway, RawConn, RawResp, Upstream, QUOTA_EXCEEDED};
-use redis_server::{RedisCluster, RedisServer};
+use common::gateway::Gateway;
+use common::http::QUOTA_EXCEEDED;
+use common::raw::{
+    count_status, raw_burst, raw_burst_n, raw_request, raw_unanswered, statuses, ClosedPort,
+    RawConn, RawResp,
+};
+use common::upstream::Upstream;
 
 /// How long the upstream holds each request of a burst.
 const HOLD_MS: u64 = 300;
 /// The same through Redis, where every request also waits on a take, and two gateways or a
 /// cluster share the machine: long enough that a burst always arrives within it.
 const REDIS_HOLD_MS: u64 = 1_000;
-
-/// A raw HTTP/1.1 request that closes its connection after the answer.
-fn request(method: &str, path: &str, headers: &[(&str, &str)]) -> String {
-    let mut r = format!(
-        "{method} {path} HTTP/1.1\r\nHost: tollgate.test\r\nContent-Length: 0\r\nConnection: close\r\n"
-    );
-    for (k, v) in headers {
-        r.push_str(&format!("{k}: {v}\r\n"));
-    }
-    r.push_str("\r\n");
-    r
-}
-
-/// `n` copies of one request to one address.
-async fn burst_of(n: usize, addr: SocketAddr, req: &str) -> Vec<Option<RawResp>> {
-    raw_burst(&vec![(addr, req.to_string()); n]).await
-}
-
-/// (number of answers with `status`, total).
-fn count_status(resps: &[Option<RawResp>], status: u16) -> usize {
-    resps
-        .iter()
-        .filter(|r| r.as_ref().is_some_and(|r| r.status == status))
-        .count()
-}
-
-fn statuses(resps: &[Option<RawResp>]) -> Vec<u16> {
-    let mut s: Vec<u16> = resps
-        .iter()
-        .map(|r| r.as_ref().map_or(0, |r| r.status))
-        .collect();
-    s.sort_unstable();
-    s
-}
-
-/// Poll `GET /stats` until no request of the gateway holds a concurrency slot and its
-/// in-process table is empty; panics after `within`.
-async fn wait_slots_free(gw: &Gateway, within: Duration) -> Duration {
-    let start = Instant::now();
-    loop {
-        let s = gw.stats().await;
-        let c = &s["concurrency"];
-        if c["requests_holding_slots"] == 0
-            && c["memory_slots"] == 0
-            && c["redis_releases_pending"] == 0
-        {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < within,
-            "concurrency slots still held after {within:?}: {s}\n{}",
-            gw.output()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Poll the upstream until `n` requests are in flight there; panics after 10 s.
-async fn wait_upstream_in_flight(upstream: &Upstream, n: u64) {
-    let start = Instant::now();
-    loop {
-        let s = upstream.stats().await;
-        if s.in_flight == n {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "upstream in flight stayed at {} (waiting for {n})",
-            s.in_flight
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 fn config(upstream: SocketAddr, extra: &str) -> String {
     format!(
@@ -109,7 +40,7 @@ limits:
 }
 
 fn held(key: &str, ms: u64) -> String {
-    request(
+    raw_request(
         "GET",
         "/work",
         &[("x-api-key", key), ("x-demo-delay-ms", &ms.to_string())],
@@ -118,7 +49,7 @@ fn held(key: &str, ms: u64) -> String {
 
 /// [`held`], and then the upstream answers 500.
 fn held_then_500(key: &str, ms: u64) -> String {
-    request(
+    raw_request(
         "GET",
         "/work",
         &[
@@ -129,17 +60,28 @@ fn held_then_500(key: &str, ms: u64) -> String {
     )
 }
 
+/// Exactly `n` answers of `resps` have `status` (200, or the upstream's 500) and exactly
+/// `refused` are 429s. `context` starts the message.
+fn assert_split(
+    resps: &[Option<RawResp>],
+    (status, n): (u16, usize),
+    refused: usize,
+    context: &str,
+) {
+    assert_eq!(
+        (count_status(resps, status), count_status(resps, 429)),
+        (n, refused),
+        "{context}statuses: {:?}",
+        statuses(resps)
+    );
+}
+
 /// Exactly 20 of a burst of 50 held `hold_ms` reach the upstream, all at once; the other 30
 /// get the 429.
 async fn assert_twenty_of_fifty(gw: &Gateway, upstream: &Upstream, key: &str, hold_ms: u64) {
     upstream.reset().await;
-    let resps = burst_of(50, gw.listen, &held(key, hold_ms)).await;
-    assert_eq!(
-        (count_status(&resps, 200), count_status(&resps, 429)),
-        (20, 30),
-        "statuses: {:?}",
-        statuses(&resps)
-    );
+    let resps = raw_burst_n(50, gw.listen, &held(key, hold_ms)).await;
+    assert_split(&resps, (200, 20), 30, "");
     let s = upstream.stats().await;
     assert_eq!(
         (s.requests, s.max_in_flight),
@@ -154,13 +96,8 @@ async fn fifty_simultaneous_requests_against_a_limit_of_twenty_admit_exactly_twe
     let gw = Gateway::start(&config(upstream.addr, "")).await;
 
     upstream.reset().await;
-    let resps = burst_of(50, gw.listen, &held("caller-1", HOLD_MS)).await;
-    assert_eq!(
-        (count_status(&resps, 200), count_status(&resps, 429)),
-        (20, 30),
-        "statuses: {:?}",
-        statuses(&resps)
-    );
+    let resps = raw_burst_n(50, gw.listen, &held("caller-1", HOLD_MS)).await;
+    assert_split(&resps, (200, 20), 30, "");
     let s = upstream.stats().await;
     assert_eq!(s.requests, 20, "requests that reached the upstream");
     assert_eq!(s.max_in_flight, 20, "requests at the upstream at once");
@@ -171,32 +108,27 @@ async fn fifty_simultaneous_requests_against_a_limit_of_twenty_admit_exactly_twe
         .flatten()
         .find(|r| r.status == 429)
         .expect("a 429");
+    let body = denied.problem(429);
     assert_eq!(denied.header("retry-after").as_deref(), Some("1"));
-    assert_eq!(
-        denied.header("content-type").as_deref(),
-        Some("application/problem+json")
-    );
-    let body: serde_json::Value = serde_json::from_slice(&denied.body).expect("JSON body");
     assert_eq!(body["type"], QUOTA_EXCEEDED);
-    assert_eq!(body["status"], 429);
     assert_eq!(body["policy"], "inflight");
     assert_eq!(body["limit"], 20);
     assert_eq!(body["retry_after"], 1);
 
     // Once they finished, every slot is free again: a second burst admits exactly 20 again.
-    wait_slots_free(&gw, Duration::from_secs(5)).await;
+    gw.wait_slots_free(Duration::from_secs(5)).await;
     assert_twenty_of_fifty(&gw, &upstream, "caller-1", HOLD_MS).await;
 
     // Another caller has slots of its own, also while caller-1's are all taken.
-    wait_slots_free(&gw, Duration::from_secs(5)).await;
+    gw.wait_slots_free(Duration::from_secs(5)).await;
     upstream.reset().await;
     let mut targets = vec![(gw.listen, held("caller-1", HOLD_MS)); 25];
     targets.extend(vec![(gw.listen, held("caller-2", HOLD_MS)); 25]);
-    let resps = raw_burst(&targets).await;
+    let resps = raw_burst(targets).await;
     assert_eq!(count_status(&resps[..25], 200), 20);
     assert_eq!(count_status(&resps[25..], 200), 20);
     assert_eq!(upstream.stats().await.max_in_flight, 40);
-    wait_slots_free(&gw, Duration::from_secs(5)).await;
+    gw.wait_slots_free(Duration::from_secs(5)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -205,22 +137,15 @@ async fn slots_are_released_when_clients_disconnect_mid_request() {
     let gw = Gateway::start(&config(upstream.addr, "")).await;
 
     // 20 requests the upstream holds for 4 s fill the limit.
-    let mut conns = Vec::new();
-    for _ in 0..20 {
-        let mut c = RawConn::connect(gw.listen).await;
-        c.send(held("caller-1", 4_000).as_bytes())
-            .await
-            .expect("send");
-        conns.push(c);
-    }
-    wait_upstream_in_flight(&upstream, 20).await;
-    let full = burst_of(1, gw.listen, &held("caller-1", 0)).await;
+    let conns = raw_unanswered(20, gw.listen, &held("caller-1", 4_000)).await;
+    upstream.wait_in_flight(20).await;
+    let full = raw_burst_n(1, gw.listen, &held("caller-1", 0)).await;
     assert_eq!(statuses(&full), vec![429]);
 
     // The clients go away, long before the upstream would answer: the gateway notices and
     // gives every slot back at once.
     drop(conns);
-    wait_slots_free(&gw, Duration::from_secs(2)).await;
+    gw.wait_slots_free(Duration::from_secs(2)).await;
     assert_eq!(gw.stats().await["in_flight"], 0);
     // A client going away is not the gateway's error: nothing at ERROR level.
     let errors: Vec<String> = gw
@@ -240,9 +165,9 @@ async fn slots_are_released_when_clients_disconnect_mid_request() {
 
     // A full burst is admitted again (once the demo upstream, which does not notice that
     // the gateway hung up, has finished the abandoned requests, so that its counts are ours).
-    wait_upstream_in_flight(&upstream, 0).await;
+    upstream.wait_in_flight(0).await;
     assert_twenty_of_fifty(&gw, &upstream, "caller-1", HOLD_MS).await;
-    wait_slots_free(&gw, Duration::from_secs(5)).await;
+    gw.wait_slots_free(Duration::from_secs(5)).await;
 
     // Clients that vanish mid-burst, while their requests are being decided, leak nothing
     // either: abort half of a burst's client tasks right after writing.
@@ -262,10 +187,10 @@ async fn slots_are_released_when_clients_disconnect_mid_request() {
     for t in tasks {
         let _ = t.await;
     }
-    wait_slots_free(&gw, Duration::from_secs(5)).await;
-    wait_upstream_in_flight(&upstream, 0).await;
+    gw.wait_slots_free(Duration::from_secs(5)).await;
+    upstream.wait_in_flight(0).await;
     assert_twenty_of_fifty(&gw, &upstream, "caller-1", HOLD_MS).await;
-    wait_slots_free(&gw, Duration::from_secs(5)).await;
+    gw.wait_slots_free(Duration::from_secs(5)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -290,10 +215,10 @@ limits:
     // Connection refused: 502, and every slot comes back. Some of the 50 may find all 20
     // slots taken by requests still failing (429); at least the first 20 get through.
     for _ in 0..3 {
-        let resps = burst_of(
+        let resps = raw_burst_n(
             50,
             gw.listen,
-            &request("GET", "/broken", &[("x-api-key", "caller-1")]),
+            &raw_request("GET", "/broken", &[("x-api-key", "caller-1")]),
         )
         .await;
         assert!(
@@ -304,30 +229,25 @@ limits:
             statuses(&resps)
         );
         assert!(count_status(&resps, 502) >= 20, "{:?}", statuses(&resps));
-        wait_slots_free(&gw, Duration::from_secs(5)).await;
+        gw.wait_slots_free(Duration::from_secs(5)).await;
     }
     // The broken route's limit is whole again: 20 at once all get through to the failure.
-    let resps = burst_of(
+    let resps = raw_burst_n(
         20,
         gw.listen,
-        &request("GET", "/broken", &[("x-api-key", "caller-1")]),
+        &raw_request("GET", "/broken", &[("x-api-key", "caller-1")]),
     )
     .await;
     assert_eq!(count_status(&resps, 502), 20, "{:?}", statuses(&resps));
-    wait_slots_free(&gw, Duration::from_secs(5)).await;
+    gw.wait_slots_free(Duration::from_secs(5)).await;
 
     // An upstream that answers 500 still answers: the 500 goes through and the slot is freed.
     upstream.reset().await;
-    let resps = burst_of(50, gw.listen, &held_then_500("caller-1", HOLD_MS)).await;
-    assert_eq!(
-        (count_status(&resps, 500), count_status(&resps, 429)),
-        (20, 30),
-        "statuses: {:?}",
-        statuses(&resps)
-    );
-    wait_slots_free(&gw, Duration::from_secs(5)).await;
+    let resps = raw_burst_n(50, gw.listen, &held_then_500("caller-1", HOLD_MS)).await;
+    assert_split(&resps, (500, 20), 30, "");
+    gw.wait_slots_free(Duration::from_secs(5)).await;
     assert_twenty_of_fifty(&gw, &upstream, "caller-1", HOLD_MS).await;
-    wait_slots_free(&gw, Duration::from_secs(5)).await;
+    gw.wait_slots_free(Duration::from_secs(5)).await;
 }
 
 /// A slot is held at most `timeout`: a request that runs longer loses it, and its late end
@@ -346,19 +266,19 @@ limits:
         upstream.addr
     );
     let gw = Gateway::start(&yaml).await;
-    let probe = || async { statuses(&burst_of(1, gw.listen, &held("k", 0)).await) };
+    let probe = || async { statuses(&raw_burst_n(1, gw.listen, &held("k", 0)).await) };
 
     // A and B take both slots at t0 and run for 2.8 s.
     let t0 = Instant::now();
     let addr = gw.listen;
-    let ab = tokio::spawn(async move { burst_of(2, addr, &held("k", 2_800)).await });
-    wait_upstream_in_flight(&upstream, 2).await;
+    let ab = tokio::spawn(async move { raw_burst_n(2, addr, &held("k", 2_800)).await });
+    upstream.wait_in_flight(2).await;
     assert_eq!(probe().await, vec![429]);
 
     // At t0 + 2.3 s their slots have expired: C and D take them, for 4 s.
     tokio::time::sleep_until((t0 + Duration::from_millis(2_300)).into()).await;
-    let cd = tokio::spawn(async move { burst_of(2, addr, &held("k", 4_000)).await });
-    wait_upstream_in_flight(&upstream, 4).await;
+    let cd = tokio::spawn(async move { raw_burst_n(2, addr, &held("k", 4_000)).await });
+    upstream.wait_in_flight(4).await;
     assert_eq!(probe().await, vec![429]);
 
     // A and B end at about t0 + 2.8 s. Their slots are gone already, so C and D still hold
@@ -374,7 +294,7 @@ limits:
     assert_eq!(probe().await, vec![429]);
     let cd = cd.await.expect("C and D");
     assert_eq!(statuses(&cd), vec![200, 200]);
-    wait_slots_free(&gw, Duration::from_secs(5)).await;
+    gw.wait_slots_free(Duration::from_secs(5)).await;
     assert_eq!(probe().await, vec![200]);
 }
 
@@ -382,139 +302,122 @@ limits:
 // Redis: the cap holds across the fleet.
 // ---------------------------------------------------------------------------------------
 
-fn redis_config(upstream: SocketAddr, redis: &RedisServer) -> String {
-    format!(
-        "store: {{ backend: redis, url: \"{}\", timeout: 500ms }}\n{}",
-        redis.url(),
-        config(upstream, "")
-    )
-}
+/// The tests that need a real `redis-server` (`cargo test -- --skip with_redis::` runs the
+/// others without one).
+mod with_redis {
+    use super::*;
+    use common::http::{DEGRADED, REDUCED_CAPACITY};
+    use common::redis::{RedisCluster, RedisServer};
+    use common::wait::eventually;
 
-/// The concurrency sets in Redis.
-fn slot_sets(redis: &RedisServer) -> Vec<String> {
-    redis
-        .cli(&["--scan", "--pattern", "*:inflight"])
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
-/// Poll Redis until no concurrency set is left (each release removes its member, and Redis
-/// drops an empty set); panics after `within`.
-async fn wait_redis_slots_free(redis: &RedisServer, within: Duration) {
-    let start = Instant::now();
-    loop {
-        let sets = slot_sets(redis);
-        if sets.is_empty() {
-            return;
-        }
-        assert!(
-            start.elapsed() < within,
-            "concurrency sets still in Redis after {within:?}: {sets:?} ({:?} members)",
-            sets.iter()
-                .map(|k| redis.cli(&["ZCARD", k]))
-                .collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    fn redis_config(upstream: SocketAddr, redis: &RedisServer) -> String {
+        format!(
+            "store: {{ backend: redis, url: \"{}\", timeout: 500ms }}\n{}",
+            redis.url(),
+            config(upstream, "")
+        )
     }
-}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_cap_holds_fleet_wide_across_two_gateways_sharing_redis() {
-    let redis = RedisServer::start();
-    let upstream = Upstream::start().await;
-    let yaml = redis_config(upstream.addr, &redis);
-    let (a, b) = (Gateway::start(&yaml).await, Gateway::start(&yaml).await);
+    /// The concurrency sets in Redis.
+    fn slot_sets(redis: &RedisServer) -> Vec<String> {
+        redis.scan("*:inflight")
+    }
 
-    for round in 0..2 {
-        upstream.reset().await;
-        let mut targets = vec![(a.listen, held("caller-1", REDIS_HOLD_MS)); 25];
-        targets.extend(vec![(b.listen, held("caller-1", REDIS_HOLD_MS)); 25]);
-        let resps = raw_burst(&targets).await;
-        assert_eq!(
-            (count_status(&resps, 200), count_status(&resps, 429)),
-            (20, 30),
-            "round {round}: statuses {:?}\n{}",
-            statuses(&resps),
-            a.output()
-        );
-        let s = upstream.stats().await;
-        assert_eq!(
-            (s.requests, s.max_in_flight),
-            (20, 20),
-            "round {round}: the upstream saw {s:?}"
-        );
-        // Every slot comes back.
-        wait_slots_free(&a, Duration::from_secs(5)).await;
-        wait_slots_free(&b, Duration::from_secs(5)).await;
+    /// Poll Redis until no concurrency set is left (each release removes its member, and Redis
+    /// drops an empty set); panics after `within`.
+    async fn wait_redis_slots_free(redis: &RedisServer, within: Duration) {
+        eventually("no concurrency set left in Redis", within)
+            .every(Duration::from_millis(20))
+            .holds(|| {
+                let sets = slot_sets(redis);
+                if sets.is_empty() {
+                    return Ok(());
+                }
+                let members: Vec<String> = sets.iter().map(|k| redis.cli(&["ZCARD", k])).collect();
+                Err(format!("{sets:?} ({members:?} members)"))
+            })
+            .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_cap_holds_fleet_wide_across_two_gateways_sharing_redis() {
+        let redis = RedisServer::start();
+        let upstream = Upstream::start().await;
+        let yaml = redis_config(upstream.addr, &redis);
+        let (a, b) = (Gateway::start(&yaml).await, Gateway::start(&yaml).await);
+
+        for round in 0..2 {
+            upstream.reset().await;
+            let mut targets = vec![(a.listen, held("caller-1", REDIS_HOLD_MS)); 25];
+            targets.extend(vec![(b.listen, held("caller-1", REDIS_HOLD_MS)); 25]);
+            let resps = raw_burst(targets).await;
+            assert_split(&resps, (200, 20), 30, &format!("round {round}: "));
+            let s = upstream.stats().await;
+            assert_eq!(
+                (s.requests, s.max_in_flight),
+                (20, 20),
+                "round {round}: the upstream saw {s:?}"
+            );
+            // Every slot comes back.
+            a.wait_slots_free(Duration::from_secs(5)).await;
+            b.wait_slots_free(Duration::from_secs(5)).await;
+            wait_redis_slots_free(&redis, Duration::from_secs(5)).await;
+        }
+
+        // 20 held through both gateways: the set has 20 members, with a TTL of at most the
+        // timeout; a 21st request through either gateway is refused.
+        let mut targets = vec![(a.listen, held("caller-1", 3_000)); 10];
+        targets.extend(vec![(b.listen, held("caller-1", 3_000)); 10]);
+        let holding = tokio::spawn(async move { raw_burst(targets).await });
+        upstream.wait_in_flight(20).await;
+        let sets = slot_sets(&redis);
+        assert_eq!(sets.len(), 1, "{sets:?}");
+        assert_eq!(redis.cli(&["ZCARD", &sets[0]]), "20");
+        let ttl: i64 = redis.cli(&["PTTL", &sets[0]]).parse().expect("PTTL");
+        assert!(0 < ttl && ttl <= 60_000, "PTTL {ttl}");
+        for gw in [&a, &b] {
+            assert_eq!(
+                statuses(&raw_burst_n(1, gw.listen, &held("caller-1", 0)).await),
+                vec![429]
+            );
+        }
+        let done = holding.await.expect("holding burst");
+        assert_eq!(count_status(&done, 200), 20);
         wait_redis_slots_free(&redis, Duration::from_secs(5)).await;
     }
 
-    // 20 held through both gateways: the set has 20 members, with a TTL of at most the
-    // timeout; a 21st request through either gateway is refused.
-    let mut targets = vec![(a.listen, held("caller-1", 3_000)); 10];
-    targets.extend(vec![(b.listen, held("caller-1", 3_000)); 10]);
-    let holding = tokio::spawn(async move { raw_burst(&targets).await });
-    wait_upstream_in_flight(&upstream, 20).await;
-    let sets = slot_sets(&redis);
-    assert_eq!(sets.len(), 1, "{sets:?}");
-    assert_eq!(redis.cli(&["ZCARD", &sets[0]]), "20");
-    let ttl: i64 = redis.cli(&["PTTL", &sets[0]]).parse().expect("PTTL");
-    assert!(0 < ttl && ttl <= 60_000, "PTTL {ttl}");
-    for gw in [&a, &b] {
-        assert_eq!(
-            statuses(&burst_of(1, gw.listen, &held("caller-1", 0)).await),
-            vec![429]
-        );
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn redis_slots_are_released_on_disconnect_and_on_upstream_failure() {
+        let redis = RedisServer::start();
+        let upstream = Upstream::start().await;
+        let gw = Gateway::start(&redis_config(upstream.addr, &redis)).await;
+
+        // Clients gone mid-request.
+        let conns = raw_unanswered(20, gw.listen, &held("caller-1", 4_000)).await;
+        upstream.wait_in_flight(20).await;
+        assert_eq!(redis.cli(&["ZCARD", &slot_sets(&redis)[0]]), "20");
+        drop(conns);
+        wait_redis_slots_free(&redis, Duration::from_secs(2)).await;
+        upstream.wait_in_flight(0).await;
+        assert_twenty_of_fifty(&gw, &upstream, "caller-1", REDIS_HOLD_MS).await;
+        wait_redis_slots_free(&redis, Duration::from_secs(5)).await;
+
+        // The upstream answers 500.
+        let resps = raw_burst_n(50, gw.listen, &held_then_500("caller-1", REDIS_HOLD_MS)).await;
+        assert_split(&resps, (500, 20), 30, "");
+        wait_redis_slots_free(&redis, Duration::from_secs(5)).await;
+        assert_twenty_of_fifty(&gw, &upstream, "caller-1", REDIS_HOLD_MS).await;
+        wait_redis_slots_free(&redis, Duration::from_secs(5)).await;
     }
-    let done = holding.await.expect("holding burst");
-    assert_eq!(count_status(&done, 200), 20);
-    wait_redis_slots_free(&redis, Duration::from_secs(5)).await;
-}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn redis_slots_are_released_on_disconnect_and_on_upstream_failure() {
-    let redis = RedisServer::start();
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&redis_config(upstream.addr, &redis)).await;
-
-    // Clients gone mid-request.
-    let mut conns = Vec::new();
-    for _ in 0..20 {
-        let mut c = RawConn::connect(gw.listen).await;
-        c.send(held("caller-1", 4_000).as_bytes())
-            .await
-            .expect("send");
-        conns.push(c);
-    }
-    wait_upstream_in_flight(&upstream, 20).await;
-    assert_eq!(redis.cli(&["ZCARD", &slot_sets(&redis)[0]]), "20");
-    drop(conns);
-    wait_redis_slots_free(&redis, Duration::from_secs(2)).await;
-    wait_upstream_in_flight(&upstream, 0).await;
-    assert_twenty_of_fifty(&gw, &upstream, "caller-1", REDIS_HOLD_MS).await;
-    wait_redis_slots_free(&redis, Duration::from_secs(5)).await;
-
-    // The upstream answers 500.
-    let resps = burst_of(50, gw.listen, &held_then_500("caller-1", REDIS_HOLD_MS)).await;
-    assert_eq!(
-        (count_status(&resps, 500), count_status(&resps, 429)),
-        (20, 30)
-    );
-    wait_redis_slots_free(&redis, Duration::from_secs(5)).await;
-    assert_twenty_of_fifty(&gw, &upstream, "caller-1", REDIS_HOLD_MS).await;
-    wait_redis_slots_free(&redis, Duration::from_secs(5)).await;
-}
-
-/// A gateway killed while its requests hold slots in Redis cannot give them back: the slots
-/// expire `timeout` after they were taken, and the rest of the fleet gets them again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn slots_of_a_dead_gateway_expire_after_the_timeout() {
-    let redis = RedisServer::start();
-    let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"store: {{ backend: redis, url: "{}", timeout: 500ms }}
+    /// A gateway killed while its requests hold slots in Redis cannot give them back: the slots
+    /// expire `timeout` after they were taken, and the rest of the fleet gets them again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn slots_of_a_dead_gateway_expire_after_the_timeout() {
+        let redis = RedisServer::start();
+        let upstream = Upstream::start().await;
+        let yaml = format!(
+            r#"store: {{ backend: redis, url: "{}", timeout: 500ms }}
 upstreams:
   backend: ["{}"]
 routes:
@@ -522,46 +425,42 @@ routes:
 limits:
   - {{ name: inflight, kind: concurrency, key: [api_key], limit: 2, timeout: 1500ms }}
 "#,
-        redis.url(),
-        upstream.addr
-    );
-    let (a, b) = (Gateway::start(&yaml).await, Gateway::start(&yaml).await);
-    let t0 = Instant::now();
-    let mut conns = Vec::new();
-    for _ in 0..2 {
-        let mut c = RawConn::connect(a.listen).await;
-        c.send(held("k", 10_000).as_bytes()).await.expect("send");
-        conns.push(c);
+            redis.url(),
+            upstream.addr
+        );
+        let (a, b) = (Gateway::start(&yaml).await, Gateway::start(&yaml).await);
+        let t0 = Instant::now();
+        let conns = raw_unanswered(2, a.listen, &held("k", 10_000)).await;
+        upstream.wait_in_flight(2).await;
+        let probe =
+            |gw: SocketAddr| async move { statuses(&raw_burst_n(1, gw, &held("k", 0)).await) };
+        assert_eq!(probe(b.listen).await, vec![429]);
+
+        // Gateway A dies (SIGKILL): nobody releases its two slots.
+        drop(a);
+        drop(conns);
+        assert_eq!(redis.cli(&["ZCARD", &slot_sets(&redis)[0]]), "2");
+        assert!(
+            t0.elapsed() < Duration::from_millis(1_200),
+            "too slow to test"
+        );
+        assert_eq!(probe(b.listen).await, vec![429]);
+
+        // 1.5 s after they were taken they are stale, and B's next take drops them.
+        tokio::time::sleep_until((t0 + Duration::from_millis(1_700)).into()).await;
+        assert_eq!(probe(b.listen).await, vec![200]);
+        assert_eq!(probe(b.listen).await, vec![200]);
+        wait_redis_slots_free(&redis, Duration::from_secs(5)).await;
     }
-    wait_upstream_in_flight(&upstream, 2).await;
-    let probe = |gw: SocketAddr| async move { statuses(&burst_of(1, gw, &held("k", 0)).await) };
-    assert_eq!(probe(b.listen).await, vec![429]);
 
-    // Gateway A dies (SIGKILL): nobody releases its two slots.
-    drop(a);
-    drop(conns);
-    assert_eq!(redis.cli(&["ZCARD", &slot_sets(&redis)[0]]), "2");
-    assert!(
-        t0.elapsed() < Duration::from_millis(1_200),
-        "too slow to test"
-    );
-    assert_eq!(probe(b.listen).await, vec![429]);
-
-    // 1.5 s after they were taken they are stale, and B's next take drops them.
-    tokio::time::sleep_until((t0 + Duration::from_millis(1_700)).into()).await;
-    assert_eq!(probe(b.listen).await, vec![200]);
-    assert_eq!(probe(b.listen).await, vec![200]);
-    wait_redis_slots_free(&redis, Duration::from_secs(5)).await;
-}
-
-/// With Redis down, each concurrency limit follows its `on_error`: `local` takes a slot in
-/// the gateway with `limit × store.local_share`, `deny` answers 503.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn with_redis_down_concurrency_limits_follow_their_failure_policy() {
-    let mut redis = RedisServer::start();
-    let upstream = Upstream::start().await;
-    let yaml = format!(
-        r#"store: {{ backend: redis, url: "{}", timeout: 500ms, local_share: 0.5 }}
+    /// With Redis down, each concurrency limit follows its `on_error`: `local` takes a slot in
+    /// the gateway with `limit × store.local_share`, `deny` answers 503.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn with_redis_down_concurrency_limits_follow_their_failure_policy() {
+        let mut redis = RedisServer::start();
+        let upstream = Upstream::start().await;
+        let yaml = format!(
+            r#"store: {{ backend: redis, url: "{}", timeout: 500ms, local_share: 0.5 }}
 upstreams:
   backend: ["{}"]
 routes:
@@ -571,58 +470,55 @@ limits:
   - {{ name: inflight, kind: concurrency, key: [api_key], limit: 4, timeout: 60s, on_error: local, routes: [default] }}
   - {{ name: strict-inflight, kind: concurrency, key: [api_key], limit: 4, timeout: 60s, on_error: deny, routes: [strict] }}
 "#,
-        redis.url(),
-        upstream.addr
-    );
-    let gw = Gateway::start(&yaml).await;
-    assert_eq!(
-        statuses(&burst_of(4, gw.listen, &held("k", REDIS_HOLD_MS)).await),
-        vec![200; 4]
-    );
-    wait_redis_slots_free(&redis, Duration::from_secs(5)).await;
-    redis.kill();
-
-    let resps = burst_of(5, gw.listen, &held("k", REDIS_HOLD_MS)).await;
-    assert_eq!(statuses(&resps), vec![200, 200, 429, 429, 429]);
-    for r in resps.iter().flatten() {
+            redis.url(),
+            upstream.addr
+        );
+        let gw = Gateway::start(&yaml).await;
         assert_eq!(
-            r.header("tollgate-degraded").as_deref(),
-            Some("store-unavailable; policy=local"),
-            "{r:?}"
+            statuses(&raw_burst_n(4, gw.listen, &held("k", REDIS_HOLD_MS)).await),
+            vec![200; 4]
+        );
+        wait_redis_slots_free(&redis, Duration::from_secs(5)).await;
+        redis.kill();
+
+        let resps = raw_burst_n(5, gw.listen, &held("k", REDIS_HOLD_MS)).await;
+        assert_eq!(statuses(&resps), vec![200, 200, 429, 429, 429]);
+        for r in resps.iter().flatten() {
+            assert_eq!(
+                r.header(DEGRADED).as_deref(),
+                Some("store-unavailable; policy=local"),
+                "{r:?}"
+            );
+        }
+        gw.wait_slots_free(Duration::from_secs(5)).await;
+
+        let strict = raw_burst_n(
+            1,
+            gw.listen,
+            &raw_request("GET", "/strict", &[("x-api-key", "k")]),
+        )
+        .await;
+        let r = strict[0].as_ref().expect("an answer");
+        assert_eq!(r.status, 503, "{r:?}");
+        assert_eq!(r.header("retry-after").as_deref(), Some("1"));
+        let body = r.json();
+        assert_eq!(body["type"], REDUCED_CAPACITY);
+        assert_eq!(body["policy"], "strict-inflight");
+        assert_eq!(
+            r.header(DEGRADED).as_deref(),
+            Some("store-unavailable; policy=deny")
         );
     }
-    wait_slots_free(&gw, Duration::from_secs(5)).await;
 
-    let strict = burst_of(
-        1,
-        gw.listen,
-        &request("GET", "/strict", &[("x-api-key", "k")]),
-    )
-    .await;
-    let r = strict[0].as_ref().expect("an answer");
-    assert_eq!(r.status, 503, "{r:?}");
-    assert_eq!(r.header("retry-after").as_deref(), Some("1"));
-    let body: serde_json::Value = serde_json::from_slice(&r.body).expect("JSON");
-    assert_eq!(
-        body["type"],
-        "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
-    );
-    assert_eq!(body["policy"], "strict-inflight");
-    assert_eq!(
-        r.header("tollgate-degraded").as_deref(),
-        Some("store-unavailable; policy=deny")
-    );
-}
-
-/// On Redis Cluster the sets of one request can live in different slots: they are taken one
-/// slot at a time, and a denial in a later slot gives back what the earlier ones took.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn on_a_cluster_a_denial_in_a_later_slot_gives_back_the_earlier_slots() {
-    let cluster = RedisCluster::start();
-    let upstream = Upstream::start().await;
-    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let yaml = format!(
-        r#"store: {{ backend: redis_cluster, cluster_nodes: [{}], timeout: 500ms }}
+    /// On Redis Cluster the sets of one request can live in different slots: they are taken one
+    /// slot at a time, and a denial in a later slot gives back what the earlier ones took.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn on_a_cluster_a_denial_in_a_later_slot_gives_back_the_earlier_slots() {
+        let cluster = RedisCluster::start();
+        let upstream = Upstream::start().await;
+        let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+        let yaml = format!(
+            r#"store: {{ backend: redis_cluster, cluster_nodes: [{}], timeout: 500ms }}
 upstreams:
   backend: ["{}"]
 routes:
@@ -631,62 +527,63 @@ limits:
   - {{ name: per-key, kind: concurrency, key: [api_key], limit: 20, timeout: 60s }}
   - {{ name: everyone, kind: concurrency, key: [], limit: 5, timeout: 60s }}
 "#,
-        nodes.join(", "),
-        upstream.addr
-    );
-    let gw = Gateway::start(&yaml).await;
-    // Every concurrency set on every node, with its members.
-    let sets = || -> Vec<(String, String)> {
-        cluster
-            .nodes
-            .iter()
-            .flat_map(|n| {
-                n.cli(&["--scan", "--pattern", "*:inflight"])
-                    .lines()
-                    .filter(|l| !l.is_empty())
-                    .map(|k| (k.to_string(), n.cli(&["ZCARD", k])))
-                    .collect::<Vec<_>>()
+            nodes.join(", "),
+            upstream.addr
+        );
+        let gw = Gateway::start(&yaml).await;
+        // Every concurrency set on every node, with its members.
+        let sets = || -> Vec<(String, String)> {
+            cluster
+                .nodes
+                .iter()
+                .flat_map(|n| {
+                    n.scan("*:inflight")
+                        .into_iter()
+                        .map(|k| {
+                            let members = n.cli(&["ZCARD", &k]);
+                            (k, members)
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        let wait_empty = || {
+            eventually(
+                "no concurrency set left on the cluster",
+                Duration::from_secs(5),
+            )
+            .every(Duration::from_millis(20))
+            .holds(|| match sets() {
+                s if s.is_empty() => Ok(()),
+                s => Err(format!("{s:?}")),
             })
-            .collect()
-    };
-    let wait_empty = || async {
-        let start = Instant::now();
-        while !sets().is_empty() {
-            assert!(start.elapsed() < Duration::from_secs(5), "{:?}", sets());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
+        };
 
-    upstream.reset().await;
-    let resps = burst_of(30, gw.listen, &held("k", REDIS_HOLD_MS)).await;
-    assert_eq!(
-        (count_status(&resps, 200), count_status(&resps, 429)),
-        (5, 25),
-        "{:?}\n{}",
-        statuses(&resps),
-        gw.output()
-    );
-    let s = upstream.stats().await;
-    assert_eq!((s.requests, s.max_in_flight), (5, 5), "{s:?}");
-    wait_empty().await;
+        upstream.reset().await;
+        let resps = raw_burst_n(30, gw.listen, &held("k", REDIS_HOLD_MS)).await;
+        assert_split(&resps, (200, 5), 25, "");
+        let s = upstream.stats().await;
+        assert_eq!((s.requests, s.max_in_flight), (5, 5), "{s:?}");
+        wait_empty().await;
 
-    // Five held: each set has five members. Ten more are refused by `everyone`, and the
-    // `per-key` slots they took first are given back: still five.
-    let addr = gw.listen;
-    let holding = tokio::spawn(async move { burst_of(5, addr, &held("k", 2_000)).await });
-    wait_upstream_in_flight(&upstream, 5).await;
-    let refused = burst_of(10, gw.listen, &held("k", 0)).await;
-    assert_eq!(count_status(&refused, 429), 10);
-    let mut now = sets();
-    now.sort();
-    assert_eq!(now.len(), 2, "{now:?}");
-    assert!(now.iter().all(|(_, n)| n == "5"), "{now:?}");
-    let slot = |k: &str| cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", k]);
-    assert_ne!(
-        slot(&now[0].0),
-        slot(&now[1].0),
-        "the two sets share a slot"
-    );
-    assert_eq!(count_status(&holding.await.expect("held"), 200), 5);
-    wait_empty().await;
+        // Five held: each set has five members. Ten more are refused by `everyone`, and the
+        // `per-key` slots they took first are given back: still five.
+        let addr = gw.listen;
+        let holding = tokio::spawn(async move { raw_burst_n(5, addr, &held("k", 2_000)).await });
+        upstream.wait_in_flight(5).await;
+        let refused = raw_burst_n(10, gw.listen, &held("k", 0)).await;
+        assert_eq!(count_status(&refused, 429), 10);
+        let mut now = sets();
+        now.sort();
+        assert_eq!(now.len(), 2, "{now:?}");
+        assert!(now.iter().all(|(_, n)| n == "5"), "{now:?}");
+        let slot = |k: &str| cluster.nodes[0].cli(&["CLUSTER", "KEYSLOT", k]);
+        assert_ne!(
+            slot(&now[0].0),
+            slot(&now[1].0),
+            "the two sets share a slot"
+        );
+        assert_eq!(count_status(&holding.await.expect("held"), 200), 5);
+        wait_empty().await;
+    }
 }

@@ -6,11 +6,11 @@
 //! and in one suite idle gaps of whole windows),
 //! with single-limit and multi-limit requests (all-or-nothing, shadow limits).
 
-mod redis_server;
+mod common;
 
 use std::time::Duration;
 
-use redis_server::RedisServer;
+use common::redis::RedisServer;
 use tollgate::config::Topology;
 use tollgate::limit::{Algorithm, Decision, Quota};
 use tollgate::store::{Check, CounterKey, Decisions, RedisStore, Store};

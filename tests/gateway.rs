@@ -11,15 +11,16 @@ mod common;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::clock::{clear_of_window_boundary, fixed_window_t_range, now_ms, window_end_s};
+use common::gateway::Gateway;
+use common::http::{client, client_builder, client_from, get, send, Resp, QUOTA_EXCEEDED};
+use common::process::{count, max_open_files};
+use common::raw::{ClosedPort, RawConn};
+use common::upstream::Upstream;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 const HOUR: u64 = 3600;
-
-fn upstreams(up: &Upstream) -> String {
-    format!("upstreams: {{ backend: [\"{}\"] }}\n", up.addr)
-}
 
 const DEFAULT_ROUTE: &str =
     "routes:\n  - { name: default, match: { path_prefix: / }, upstream: backend }\n";
@@ -79,7 +80,7 @@ async fn timed_get(c: &reqwest::Client, url: &str, h: &[(&str, &str)]) -> (Resp,
 #[tokio::test(flavor = "multi_thread")]
 async fn proxy_passes_method_path_query_body_and_headers_through() {
     let up = Upstream::start().await;
-    let gw = Gateway::start(&format!("{}{DEFAULT_ROUTE}", upstreams(&up))).await;
+    let gw = Gateway::start(&format!("{}{DEFAULT_ROUTE}", up.upstreams_yaml())).await;
     let c = client();
 
     let path = "/api/v1/Things/%20spaced%2Fslash/x;matrix=1";
@@ -148,7 +149,7 @@ async fn proxy_passes_method_path_query_body_and_headers_through() {
 #[tokio::test(flavor = "multi_thread")]
 async fn x_forwarded_for_gets_the_client_address_appended() {
     let up = Upstream::start().await;
-    let gw = Gateway::start(&format!("{}{DEFAULT_ROUTE}", upstreams(&up))).await;
+    let gw = Gateway::start(&format!("{}{DEFAULT_ROUTE}", up.upstreams_yaml())).await;
     let c = client();
     let url = gw.url("/xff");
     assert_eq!(forwarded_for_seen(&c, &url, &[]).await, vec!["127.0.0.1"]);
@@ -192,7 +193,7 @@ async fn forwarded_for_seen(c: &reqwest::Client, url: &str, h: &[(&str, &str)]) 
 #[tokio::test(flavor = "multi_thread")]
 async fn upstream_status_codes_and_bodies_pass_through() {
     let up = Upstream::start().await;
-    let gw = Gateway::start(&format!("{}{DEFAULT_ROUTE}", upstreams(&up))).await;
+    let gw = Gateway::start(&format!("{}{DEFAULT_ROUTE}", up.upstreams_yaml())).await;
     let c = client();
     let statuses = [
         200u16, 201, 202, 301, 400, 401, 404, 418, 429, 500, 502, 503,
@@ -350,7 +351,7 @@ async fn limit_denies_with_exact_headers_and_problem_body() {
     let up = Upstream::start().await;
     let gw = Gateway::start(&format!(
         "{}{DEFAULT_ROUTE}limits:\n  - {{ name: per-key, key: [api_key], algorithm: fixed_window, limit: 3, window: 1h }}\n",
-        upstreams(&up)
+        up.upstreams_yaml()
     ))
     .await;
     let c = client();
@@ -415,7 +416,7 @@ async fn x_ratelimit_reset_is_the_end_of_the_fixed_window() {
     let up = Upstream::start().await;
     let gw = Gateway::start(&format!(
         "{}{DEFAULT_ROUTE}limits:\n  - {{ name: hourly, key: [], algorithm: fixed_window, limit: 1, window: 1h }}\n",
-        upstreams(&up)
+        up.upstreams_yaml()
     ))
     .await;
     let c = client();
@@ -456,7 +457,7 @@ routes:
 limits:
   - {{ name: anon-ip, key: [client_ip], algorithm: fixed_window, limit: 2, window: 1h, anonymous_only: true, routes: [default] }}
 "#,
-        upstreams(&up)
+        up.upstreams_yaml()
     ))
     .await;
     let c = client();
@@ -543,7 +544,7 @@ routes:
 limits:
   - {{ name: wide, key: [api_key], algorithm: fixed_window, limit: 10, window: 1h }}
 "#,
-        upstreams(&up)
+        up.upstreams_yaml()
     ))
     .await;
     let c = client();
@@ -592,7 +593,7 @@ limits:
   - {{ name: canary, key: [api_key], algorithm: fixed_window, limit: 2, window: 1h, shadow: true }}
   - {{ name: real, key: [api_key], algorithm: fixed_window, limit: 100, window: 1h, routes: [mixed] }}
 "#,
-        upstreams(&up)
+        up.upstreams_yaml()
     ))
     .await;
     let c = client();
@@ -630,7 +631,7 @@ fn per_ip_config(up: &Upstream, identity: &str) -> String {
 limits:
   - {{ name: per-ip, key: [client_ip], algorithm: fixed_window, limit: 2, window: 1h }}
 "#,
-        upstreams(up)
+        up.upstreams_yaml()
     )
 }
 
@@ -785,7 +786,7 @@ tiers:
   gold: [ {{ name: gold-user, key: [user], algorithm: fixed_window, limit: 20, window: 1h }} ]
 default_tier: free
 "#,
-            upstreams(&up)
+            up.upstreams_yaml()
         ),
         &[("TOLLGATE_IT_JWT_SECRET", JWT_SECRET)],
     )
@@ -908,7 +909,7 @@ async fn malformed_api_keys_are_400() {
     let up = Upstream::start().await;
     let gw = Gateway::start(&format!(
         "{}{DEFAULT_ROUTE}limits:\n  - {{ name: per-key, key: [api_key], algorithm: fixed_window, limit: 100, window: 1h }}\n",
-        upstreams(&up)
+        up.upstreams_yaml()
     ))
     .await;
     let c = client();
@@ -985,7 +986,7 @@ async fn exactly_the_limit_is_admitted_under_1000_concurrent_requests() {
     const N: usize = 1000;
     const LIMIT: u64 = 100;
     let up = Upstream::start().await;
-    let mut yaml = upstreams(&up);
+    let mut yaml = up.upstreams_yaml();
     yaml.push_str("routes:\n");
     for a in ALGORITHMS {
         yaml.push_str(&format!(

@@ -17,18 +17,23 @@
 //! install.
 
 mod common;
-mod redis_server;
 
 use std::collections::BTreeMap;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{clear_of_window_boundary, client_builder, free_port, Gateway, Upstream};
-use redis_server::{cli, RedisCluster, RedisSentinel, RedisServer, MASTER_NAME};
+use common::clock::clear_of_window_boundary;
+use common::faults::faketime_env;
+use common::gateway::Gateway;
+use common::http::{client, get, Resp};
+use common::load::{by_status, Load, Reply, RUN_TIMEOUT};
+use common::process::free_port;
+use common::redis::{base_key, cli, RedisCluster, RedisSentinel, RedisServer, MASTER_NAME};
+use common::upstream::Upstream;
+use common::wait::eventually;
 use tempfile::TempDir;
-use tollgate::store::CounterKey;
 
 const ALGORITHMS: [&str; 5] = [
     "sliding_window",
@@ -41,152 +46,49 @@ const ALGORITHMS: [&str; 5] = [
 const DAY_S: u64 = 86_400;
 const DAY_MS: i64 = 86_400_000;
 
-/// Upper bound of a whole load run (every request also has its own 20 s timeout).
-const RUN_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// The environment that runs a process under libfaketime with `offset` (e.g. `+10m`). The
-/// library is preloaded directly (not through the `faketime` wrapper, which forks: killing the
-/// wrapper by PID would leave the gateway running).
-fn faketime_env(offset: &str) -> Vec<(&'static str, &str)> {
-    const INSTALL: &str = "libfaketime is needed for the clock-skew test: `apt-get install -y faketime` (or run scripts/setup.sh)";
-    let found = Command::new("faketime")
-        .args(["-f", "+0", "true"])
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run faketime: {e}. {INSTALL}"));
-    assert!(found.success(), "`faketime -f +0 true` failed. {INSTALL}");
-    let candidates = [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
-        "/usr/lib/faketime/libfaketimeMT.so.1",
-        "/usr/local/lib/faketime/libfaketimeMT.so.1",
-        "/usr/lib64/faketime/libfaketimeMT.so.1",
-    ];
-    let lib = candidates
-        .iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .unwrap_or_else(|| panic!("libfaketimeMT.so.1 not found in {candidates:?}. {INSTALL}"));
-    vec![
-        ("LD_PRELOAD", *lib),
-        ("FAKETIME", offset),
-        // Only the wall clock moves; timers keep their monotonic clock.
-        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-    ]
-}
-
 // ---------------------------------------------------------------------------------------
 // Load.
 // ---------------------------------------------------------------------------------------
-
-/// Responses by status (0 = transport error), plus a few samples of anything unexpected.
-#[derive(Debug, Default, Clone)]
-struct Tally {
-    by_status: BTreeMap<u16, u64>,
-    /// Per target (index into the target list): responses by status.
-    per_target: Vec<BTreeMap<u16, u64>>,
-    unexpected: Vec<String>,
-}
 
 fn statuses(pairs: &[(u16, u64)]) -> BTreeMap<u16, u64> {
     pairs.iter().copied().filter(|(_, n)| *n > 0).collect()
 }
 
-/// `conns` tasks, each with its own client holding one keep-alive connection, task `i` pinned
-/// to `targets[i % targets.len()]`, each sending `per_conn` GETs with `headers(i)` one after
-/// the other. `progress` counts answered requests.
-async fn blast_with(
-    targets: &[String],
-    conns: usize,
-    per_conn: usize,
-    headers: impl Fn(usize) -> Vec<(String, String)>,
-    progress: Option<Arc<AtomicU64>>,
-) -> Tally {
-    let mut set = tokio::task::JoinSet::new();
-    for i in 0..conns {
-        let target = i % targets.len();
-        let url = targets[target].clone();
-        let hs = headers(i);
-        let progress = progress.clone();
-        set.spawn(async move {
-            let client = client_builder()
-                .pool_max_idle_per_host(1)
-                .build()
-                .expect("client");
-            let mut by_status: BTreeMap<u16, u64> = BTreeMap::new();
-            let mut unexpected = Vec::new();
-            for _ in 0..per_conn {
-                let mut req = client.get(&url);
-                for (k, v) in &hs {
-                    req = req.header(k, v);
-                }
-                let status = match req.send().await {
-                    Ok(r) => {
-                        let s = r.status().as_u16();
-                        let body = r.bytes().await.map(|b| b.to_vec()).unwrap_or_default();
-                        if s != 200 && s != 429 && unexpected.len() < 3 {
-                            unexpected
-                                .push(format!("{url}: {s} {}", String::from_utf8_lossy(&body)));
-                        }
-                        s
-                    }
-                    Err(e) => {
-                        if unexpected.len() < 3 {
-                            unexpected.push(format!("{url}: {e:?}"));
-                        }
-                        0
-                    }
-                };
-                *by_status.entry(status).or_default() += 1;
-                if let Some(p) = &progress {
-                    p.fetch_add(1, Ordering::SeqCst);
-                }
-            }
-            (target, by_status, unexpected)
-        });
-    }
-    let mut tally = Tally {
-        per_target: vec![BTreeMap::new(); targets.len()],
-        ..Tally::default()
-    };
-    let all = async {
-        while let Some(r) = set.join_next().await {
-            let (target, by_status, unexpected) = r.expect("load task panicked");
-            for (s, n) in by_status {
-                *tally.by_status.entry(s).or_default() += n;
-                *tally.per_target[target].entry(s).or_default() += n;
-            }
-            if tally.unexpected.len() < 10 {
-                tally.unexpected.extend(unexpected);
-            }
-        }
-    };
-    tokio::time::timeout(RUN_TIMEOUT, all)
-        .await
-        .unwrap_or_else(|_| panic!("load run did not finish within {RUN_TIMEOUT:?}"));
-    tally
+/// `conns` connections, connection `i` sending `per_conn` GETs to `targets[i % targets.len()]`.
+async fn blast(targets: &[String], conns: usize, per_conn: usize) -> Vec<Reply> {
+    Load::across(targets).conns(conns).run(per_conn).await
 }
 
-async fn blast(targets: &[String], conns: usize, per_conn: usize) -> Tally {
-    blast_with(targets, conns, per_conn, |_| Vec::new(), None).await
+/// Replies of each target, by status.
+fn per_target(replies: &[Reply], targets: usize) -> Vec<BTreeMap<u16, u64>> {
+    (0..targets)
+        .map(|t| by_status(replies.iter().filter(|r| r.target == t)))
+        .collect()
 }
 
 /// Assert the exact outcome of a run: `admitted` 200s, the rest 429s, nothing else, and the
 /// upstream counted exactly `admitted` more requests.
 async fn assert_exact(
     what: &str,
-    tally: &Tally,
+    replies: &[Reply],
     total: u64,
     admitted: u64,
     up: &Upstream,
     before: u64,
 ) {
     let upstream = up.requests().await - before;
+    let unexpected: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| !matches!(r.status(), 200 | 429))
+        .take(10)
+        .collect();
+    let targets = replies.iter().map(|r| r.target + 1).max().unwrap_or(0);
     assert_eq!(
-        tally.by_status,
+        by_status(replies),
         statuses(&[(200, admitted), (429, total - admitted)]),
-        "{what}: expected exactly {admitted} × 200 and {} × 429; per gateway {:?}; samples {:#?}",
+        "{what}: expected exactly {admitted} × 200 and {} × 429; per gateway {:?}; samples {unexpected:#?}",
         total - admitted,
-        tally.per_target,
-        tally.unexpected
+        per_target(replies, targets),
     );
     assert_eq!(
         upstream, admitted,
@@ -198,28 +100,17 @@ async fn assert_exact(
 // Redis inspection.
 // ---------------------------------------------------------------------------------------
 
-/// Keys matching `pattern` on the server at `port`.
-fn scan(port: u16, pattern: &str) -> Vec<String> {
-    // (redis-cli 7.0 has no `--count` option: with it, it prints nothing and exits 1.)
-    let mut keys: Vec<String> = cli(port, &["--scan", "--pattern", pattern])
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect();
-    keys.sort();
-    keys
-}
-
 /// The counter of every key matching `pattern`, in key order: a string's value; for a
 /// sliding-window hash (`n0 c0 n1 c1`: window number and count, by the number's parity), the
 /// count of its current window, the one with the higher number.
-fn counters(port: u16, pattern: &str) -> Vec<String> {
-    scan(port, pattern)
+fn counters(redis: &RedisServer, pattern: &str) -> Vec<String> {
+    redis
+        .scan(pattern)
         .into_iter()
-        .map(|k| match cli(port, &["TYPE", &k]).as_str() {
-            "string" => cli(port, &["GET", &k]),
+        .map(|k| match redis.cli(&["TYPE", &k]).as_str() {
+            "string" => redis.cli(&["GET", &k]),
             "hash" => {
-                let all = cli(port, &["HGETALL", &k]);
+                let all = redis.cli(&["HGETALL", &k]);
                 let fields: BTreeMap<&str, &str> = all
                     .lines()
                     .collect::<Vec<_>>()
@@ -241,14 +132,15 @@ fn counters(port: u16, pattern: &str) -> Vec<String> {
 
 /// Every key matching `pattern` with its value (a string, a hash as `field value ...`, or a
 /// sorted set as `member score ...`).
-fn dump(port: u16, pattern: &str) -> BTreeMap<String, String> {
-    scan(port, pattern)
+fn dump(redis: &RedisServer, pattern: &str) -> BTreeMap<String, String> {
+    redis
+        .scan(pattern)
         .into_iter()
         .map(|k| {
-            let v = match cli(port, &["TYPE", &k]).as_str() {
-                "string" => cli(port, &["GET", &k]),
-                "hash" => cli(port, &["HGETALL", &k]),
-                "zset" => cli(port, &["ZRANGE", &k, "0", "-1", "WITHSCORES"]),
+            let v = match redis.cli(&["TYPE", &k]).as_str() {
+                "string" => redis.cli(&["GET", &k]),
+                "hash" => redis.cli(&["HGETALL", &k]),
+                "zset" => redis.cli(&["ZRANGE", &k, "0", "-1", "WITHSCORES"]),
                 other => panic!("key {k} has unexpected type {other}"),
             };
             (k, v)
@@ -256,42 +148,14 @@ fn dump(port: u16, pattern: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The base key of a limit with key parts `parts` (see `RedisStore::base_key`).
-fn base_key(prefix: &str, limit: &str, parts: &[&[u8]]) -> String {
-    let key = CounterKey::new(limit, parts.iter().copied());
-    format!("{{{prefix}:{limit}:{}}}", key.hex())
-}
-
-/// `errorstat_NOSCRIPT` from `INFO errorstats` (0 if none yet).
-fn noscript_errors(port: u16) -> u64 {
-    let info = cli(port, &["INFO", "errorstats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix("errorstat_NOSCRIPT:count="))
-        .map(|n| n.trim().parse().expect("count"))
-        .unwrap_or(0)
-}
-
-/// Every key on the server with its TTL in ms (`PTTL`). (Not `RedisServer::keys_with_ttl`,
-/// which passes `--count` to `redis-cli --scan` and so finds no key with redis-cli 7.0.)
-fn keys_with_ttl(port: u16) -> Vec<(String, i64)> {
-    scan(port, "*")
-        .into_iter()
-        .map(|k| {
-            let ttl = cli(port, &["PTTL", &k]);
-            let ttl = ttl.parse().unwrap_or_else(|_| panic!("PTTL {k}: {ttl:?}"));
-            (k, ttl)
-        })
-        .collect()
-}
-
 /// Every key has a TTL (none is -1), each at most `max_ttl_ms(key)`; returns the keys.
 fn assert_every_key_expires(
-    port: u16,
+    redis: &RedisServer,
     prefix: &str,
     max_ttl_ms: impl Fn(&str) -> i64,
 ) -> Vec<String> {
-    let keys = keys_with_ttl(port);
-    assert!(!keys.is_empty(), "no key at all on port {port}");
+    let keys = redis.keys_with_ttl();
+    assert!(!keys.is_empty(), "no key at all on port {}", redis.port);
     for (k, ttl) in &keys {
         assert!(
             k.starts_with(&format!("{{{prefix}:")),
@@ -305,10 +169,6 @@ fn assert_every_key_expires(
         );
     }
     keys.into_iter().map(|(k, _)| k).collect()
-}
-
-fn upstreams(up: &Upstream) -> String {
-    format!("upstreams: {{ backend: [\"{}\"] }}\n", up.addr)
 }
 
 /// One route `/<path>` per entry, each with one limit `<name>` of `key: []`.
@@ -336,7 +196,7 @@ async fn two_gateways_sharing_redis_admit_exactly_the_limit_for_every_algorithm(
         .collect();
     let yaml = format!(
         "store: {{ key_prefix: exact, timeout: 5s, on_error: deny }}\n{}{}",
-        upstreams(&up),
+        up.upstreams_yaml(),
         routes_with_own_limit(&entries)
     );
     let a = Gateway::start_named("A", &yaml, &["--redis-url", &redis.url()], &[]).await;
@@ -348,20 +208,21 @@ async fn two_gateways_sharing_redis_admit_exactly_the_limit_for_every_algorithm(
         let before = up.requests().await;
         let started = Instant::now();
         let path = format!("/{alg}/x");
-        let tally = blast(&[a.url(&path), b.url(&path)], 200, 50).await;
-        assert_exact(alg, &tally, 10_000, 1000, &up, before).await;
+        let replies = blast(&[a.url(&path), b.url(&path)], 200, 50).await;
+        assert_exact(alg, &replies, 10_000, 1000, &up, before).await;
         // Both gateways answered their 5,000 requests.
-        for (i, t) in tally.per_target.iter().enumerate() {
+        let per_gateway = per_target(&replies, 2);
+        for (i, t) in per_gateway.iter().enumerate() {
             assert_eq!(t.values().sum::<u64>(), 5000, "gateway {i}: {t:?}");
         }
         eprintln!(
             "{alg}: 10,000 requests in {:?}, per gateway {:?}",
             started.elapsed(),
-            tally.per_target
+            per_gateway
         );
     }
     // 4 (after a run). Every key written has an expiry, at most two windows away.
-    let keys = assert_every_key_expires(redis.port, "exact", |_| 2 * DAY_MS);
+    let keys = assert_every_key_expires(&redis, "exact", |_| 2 * DAY_MS);
     for alg in ALGORITHMS {
         assert!(
             keys.iter()
@@ -392,10 +253,10 @@ async fn a_request_denied_by_the_hour_limit_leaves_the_minute_counter_unchanged(
     let yaml = format!(
         "store: {{ backend: redis, url: \"{}\", key_prefix: aon, timeout: 5s, on_error: deny }}\n{}{routes}{limits}",
         redis.url(),
-        upstreams(&up)
+        up.upstreams_yaml()
     );
     let gw = Gateway::start_named("aon", &yaml, &[], &[]).await;
-    let c = common::client();
+    let c = client();
     for alg in ALGORITHMS {
         // Windows aligned to the epoch: 10 s clear of a minute boundary, hence of an hour
         // boundary. (token_bucket and gcra refill one token per 6 s at 10/1m; all of this
@@ -405,7 +266,7 @@ async fn a_request_denied_by_the_hour_limit_leaves_the_minute_counter_unchanged(
         }
         let before = up.requests().await;
         for i in 0..3u64 {
-            let r = common::get(&c, &gw.url(&format!("/both/{alg}")), &[]).await;
+            let r = get(&c, &gw.url(&format!("/both/{alg}")), &[]).await;
             assert_eq!(r.status, 200, "{alg} request {i}: {r:#?}");
             // The hour limit is the most restrictive one.
             assert_eq!(
@@ -415,28 +276,28 @@ async fn a_request_denied_by_the_hour_limit_leaves_the_minute_counter_unchanged(
             assert_eq!(r.header_u64("x-ratelimit-remaining"), 2 - i, "{alg}");
         }
         let pattern = format!("{{aon:minute-{alg}:*");
-        let minute_before = dump(redis.port, &pattern);
+        let minute_before = dump(&redis, &pattern);
         assert!(!minute_before.is_empty(), "{alg}: no minute key");
         if matches!(alg, "sliding_window" | "fixed_window") {
             // One counter, of the current window: 3.
             assert_eq!(
-                counters(redis.port, &pattern),
+                counters(&redis, &pattern),
                 vec!["3"],
                 "{alg}: {minute_before:?}"
             );
         }
         for i in 0..5 {
-            let r = common::get(&c, &gw.url(&format!("/both/{alg}")), &[]).await;
+            let r = get(&c, &gw.url(&format!("/both/{alg}")), &[]).await;
             assert_eq!(r.status, 429, "{alg} denied request {i}: {r:#?}");
             assert_eq!(r.json()["policy"], format!("hour-{alg}"), "{alg}");
         }
-        let minute_after = dump(redis.port, &pattern);
+        let minute_after = dump(&redis, &pattern);
         assert_eq!(
             minute_after, minute_before,
             "{alg}: requests denied by the hour limit changed the minute counter"
         );
         // The minute limit alone: 3 used before, this one is the 4th.
-        let r = common::get(&c, &gw.url(&format!("/minute/{alg}")), &[]).await;
+        let r = get(&c, &gw.url(&format!("/minute/{alg}")), &[]).await;
         assert_eq!(r.status, 200, "{alg}: {r:#?}");
         assert_eq!(
             r.header("ratelimit-policy"),
@@ -475,12 +336,12 @@ async fn gateways_whose_clocks_differ_by_ten_minutes_still_admit_exactly_the_lim
     let yaml = format!(
         "store: {{ backend: redis, url: \"{}\", key_prefix: skew, timeout: 5s, on_error: deny }}\n{}{}",
         redis.url(),
-        upstreams(&up),
+        up.upstreams_yaml(),
         routes_with_own_limit(&entries)
     );
     let a = Gateway::start_named("A (true clock)", &yaml, &[], &[]).await;
     let b = Gateway::start_named("B (+10 min)", &yaml, &[], &skew_env).await;
-    let c = common::client();
+    let c = client();
     for alg in ALGORITHMS {
         if matches!(alg, "sliding_window" | "fixed_window") {
             clear_of_window_boundary(60, 10).await;
@@ -489,14 +350,18 @@ async fn gateways_whose_clocks_differ_by_ten_minutes_still_admit_exactly_the_lim
         let before = up.requests().await;
         // B alone takes half of the limit, then A and B race for the rest.
         let first = blast(&[b.url(&path)], 10, 5).await;
-        assert_eq!(first.by_status, statuses(&[(200, 50)]), "{alg}: {first:?}");
+        assert_eq!(
+            by_status(&first),
+            statuses(&[(200, 50)]),
+            "{alg}: {first:?}"
+        );
         let rest = blast(&[a.url(&path), b.url(&path)], 40, 25).await;
         assert_exact(alg, &rest, 1000, 50, &up, before + 50).await;
 
         // faketime really moved B's clock (its `Date` header is 600 s ahead), yet both report
         // the same X-RateLimit-Reset, because resets are computed on Redis's clock.
-        let ra = common::get(&c, &a.url(&path), &[]).await;
-        let rb = common::get(&c, &b.url(&path), &[]).await;
+        let ra = get(&c, &a.url(&path), &[]).await;
+        let rb = get(&c, &b.url(&path), &[]).await;
         assert_eq!(
             (ra.status.as_u16(), rb.status.as_u16()),
             (429, 429),
@@ -510,7 +375,7 @@ async fn gateways_whose_clocks_differ_by_ten_minutes_still_admit_exactly_the_lim
             (reset_b - reset_a).abs() <= 1,
             "{alg}: X-RateLimit-Reset A {reset_a}, B {reset_b}: not on one clock"
         );
-        let date = |r: &common::Resp| {
+        let date = |r: &Resp| {
             httpdate::parse_http_date(r.header("date"))
                 .unwrap_or_else(|e| panic!("bad Date header: {e}"))
                 .duration_since(std::time::UNIX_EPOCH)
@@ -555,21 +420,21 @@ async fn every_key_written_expires() {
     let yaml = format!(
         "store: {{ backend: redis, url: \"{}\", key_prefix: ttl, timeout: 5s, on_error: deny }}\n{}{routes}{limits}",
         redis.url(),
-        upstreams(&up)
+        up.upstreams_yaml()
     );
     let gw = Gateway::start_named("ttl", &yaml, &[], &[]).await;
-    let c = common::client();
+    let c = client();
     for alg in ALGORITHMS {
         for i in 0..12 {
             let user = format!("u{}", i % 2);
-            let r = common::get(&c, &gw.url(&format!("/own/{alg}")), &[("x-user", &user)]).await;
+            let r = get(&c, &gw.url(&format!("/own/{alg}")), &[("x-user", &user)]).await;
             assert!(r.status == 200 || r.status == 429, "{r:#?}");
         }
     }
     clear_of_window_boundary(600, 5).await;
     let mut all = BTreeMap::new();
     for _ in 0..12 {
-        let r = common::get(&c, &gw.url("/all"), &[]).await;
+        let r = get(&c, &gw.url("/all"), &[]).await;
         *all.entry(r.status.as_u16()).or_insert(0u64) += 1;
     }
     assert_eq!(all, statuses(&[(200, 8), (429, 4)]));
@@ -590,7 +455,7 @@ async fn every_key_written_expires() {
             window
         }
     };
-    let keys = assert_every_key_expires(redis.port, "ttl", bound);
+    let keys = assert_every_key_expires(&redis, "ttl", bound);
     for alg in ALGORITHMS {
         for name in [format!("long-{alg}"), format!("all-{alg}")] {
             assert!(
@@ -603,9 +468,9 @@ async fn every_key_written_expires() {
     assert!(keys.iter().any(|k| k.starts_with("{ttl:all-shadow:")));
     // Two short windows later every key of the 2 s limits has expired.
     tokio::time::sleep(Duration::from_millis(4_300)).await;
-    let left = scan(redis.port, "{ttl:short-*");
+    let left = redis.scan("{ttl:short-*");
     assert!(left.is_empty(), "keys outlived their state: {left:?}");
-    assert_every_key_expires(redis.port, "ttl", bound);
+    assert_every_key_expires(&redis, "ttl", bound);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -623,7 +488,7 @@ async fn script_flush_mid_run_is_invisible_and_counts_nothing_twice() {
     let yaml = format!(
         "store: {{ backend: redis, url: \"{}\", key_prefix: flush, timeout: 5s, on_error: deny }}\n{}{}",
         redis.url(),
-        upstreams(&up),
+        up.upstreams_yaml(),
         routes_with_own_limit(&entries)
     );
     let a = Gateway::start_named("A", &yaml, &[], &[]).await;
@@ -632,19 +497,19 @@ async fn script_flush_mid_run_is_invisible_and_counts_nothing_twice() {
     for alg in ALGORITHMS {
         clear_of_window_boundary(DAY_S, 30).await;
         let before = up.requests().await;
-        let noscript_before = noscript_errors(redis.port);
+        let noscript_before = redis.noscript_errors();
         let progress = Arc::new(AtomicU64::new(0));
         // Flush the script cache four times while requests are in flight.
         let flusher = {
             let (progress, port) = (progress.clone(), redis.port);
             std::thread::spawn(move || {
-                let deadline = Instant::now() + RUN_TIMEOUT;
+                let start = Instant::now();
                 let mut flushed_at = Vec::new();
                 for pct in [10, 30, 50, 70] {
-                    while progress.load(Ordering::SeqCst) < TOTAL * pct / 100 {
-                        assert!(Instant::now() < deadline, "the run stalled");
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
+                    let what = format!("the run reaches {pct}% (else it stalled)");
+                    eventually(what, RUN_TIMEOUT.saturating_sub(start.elapsed()))
+                        .every(Duration::from_millis(1))
+                        .holds_blocking(|| progress.load(Ordering::SeqCst) >= TOTAL * pct / 100);
                     assert_eq!(cli(port, &["SCRIPT", "FLUSH"]), "OK");
                     flushed_at.push(progress.load(Ordering::SeqCst));
                 }
@@ -652,21 +517,18 @@ async fn script_flush_mid_run_is_invisible_and_counts_nothing_twice() {
             })
         };
         let path = format!("/{alg}");
-        let tally = blast_with(
-            &[a.url(&path), b.url(&path)],
-            40,
-            (TOTAL / 40) as usize,
-            |_| Vec::new(),
-            Some(progress.clone()),
-        )
-        .await;
+        let replies = Load::across(&[a.url(&path), b.url(&path)])
+            .conns(40)
+            .progress(&progress)
+            .run((TOTAL / 40) as usize)
+            .await;
         let flushed_at = flusher.join().expect("flusher");
         assert!(
             flushed_at.iter().all(|&p| p < TOTAL),
             "{alg}: a flush came after the run ({flushed_at:?})"
         );
-        assert_exact(alg, &tally, TOTAL, 300, &up, before).await;
-        let noscript = noscript_errors(redis.port) - noscript_before;
+        assert_exact(alg, &replies, TOTAL, 300, &up, before).await;
+        let noscript = redis.noscript_errors() - noscript_before;
         assert!(
             noscript >= 1,
             "{alg}: no NOSCRIPT after 4 flushes at {flushed_at:?}: the test proved nothing"
@@ -684,89 +546,53 @@ async fn redis_restart_mid_run_fails_open_and_then_limits_exactly_from_a_clean_s
          routes:\n  - {{ name: default, match: {{ path_prefix: / }}, upstream: backend }}\n\
          limits:\n  - {{ name: per-caller, key: [\"header:x-k\"], limit: 20, window: 24h, on_error: allow }}\n",
         redis.url(),
-        upstreams(&up)
+        up.upstreams_yaml()
     );
     let gw = Gateway::start_named("gw", &yaml, &[], &[]).await;
     gw.wait_readyz(200, Duration::from_secs(10)).await;
     clear_of_window_boundary(DAY_S, 30).await;
     let url = gw.url("/x");
-    let caller_a = |_| vec![("x-k".to_string(), "a".to_string())];
+    let caller_a = || Load::new(&url).conns(3).header("x-k", "a");
 
     // Caller a exhausts its limit.
     let before = up.requests().await;
-    let t = blast_with(std::slice::from_ref(&url), 3, 10, caller_a, None).await;
+    let t = caller_a().run(10).await;
     assert_exact("caller a before the restart", &t, 30, 20, &up, before).await;
 
     // Caller b keeps sending while Redis is killed (-9) and started again, empty.
-    let stop = Arc::new(AtomicBool::new(false));
-    let progress = Arc::new(AtomicU64::new(0));
-    let mut background = tokio::task::JoinSet::new();
-    for _ in 0..8 {
-        let (stop, progress, url) = (stop.clone(), progress.clone(), url.clone());
-        background.spawn(async move {
-            let client = client_builder().build().expect("client");
-            let mut by_status: BTreeMap<u16, u64> = BTreeMap::new();
-            let mut samples = Vec::new();
-            for _ in 0..5_000 {
-                if stop.load(Ordering::SeqCst) {
-                    break;
-                }
-                let s = match client.get(&url).header("x-k", "b").send().await {
-                    Ok(r) => {
-                        let s = r.status().as_u16();
-                        let body = r.text().await.unwrap_or_default();
-                        if s != 200 && s != 429 && samples.len() < 3 {
-                            samples.push(format!("{s} {body}"));
-                        }
-                        s
-                    }
-                    Err(e) => {
-                        samples.push(format!("{e:?}"));
-                        0
-                    }
-                };
-                *by_status.entry(s).or_default() += 1;
-                progress.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            (by_status, samples)
-        });
-    }
-    let wait_progress = |at_least: u64| {
-        let progress = progress.clone();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while progress.load(Ordering::SeqCst) < at_least {
-                assert!(Instant::now() < deadline, "background requests stalled");
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    };
-    wait_progress(100).await;
+    let background = Load::new(&url)
+        .conns(8)
+        .pace(Duration::from_millis(2))
+        .header("x-k", "b")
+        .start();
+    background
+        .wait("100 background requests", Duration::from_secs(30), |r| {
+            r.len() >= 100
+        })
+        .await;
     let old_pid = redis.pid();
     redis.restart();
     assert_ne!(redis.pid(), old_pid);
-    let at_restart = progress.load(Ordering::SeqCst);
+    let at_restart = background.len();
     // The gateway reconnects (and reloads the script) by itself.
     gw.wait_readyz(200, Duration::from_secs(15)).await;
-    wait_progress(at_restart + 200).await;
-    stop.store(true, Ordering::SeqCst);
-    let mut by_status: BTreeMap<u16, u64> = BTreeMap::new();
-    let mut samples = Vec::new();
-    let joined = tokio::time::timeout(RUN_TIMEOUT, async {
-        while let Some(r) = background.join_next().await {
-            let (s, sm) = r.expect("background task");
-            for (k, v) in s {
-                *by_status.entry(k).or_default() += v;
-            }
-            samples.extend(sm);
-        }
-    })
-    .await;
-    assert!(joined.is_ok(), "background requests did not stop");
+    background
+        .wait(
+            "200 background requests after the restart",
+            Duration::from_secs(30),
+            |r| r.len() >= at_restart + 200,
+        )
+        .await;
+    let replies = background.finish().await;
+    let by_status = by_status(&replies);
+    let errors: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| !matches!(r.status(), 200 | 429))
+        .take(10)
+        .collect();
     assert!(
         by_status.keys().all(|s| *s == 200 || *s == 429),
-        "client-visible errors across the restart: {by_status:?} {samples:#?}"
+        "client-visible errors across the restart: {by_status:?} {errors:#?}"
     );
     assert!(
         by_status.get(&429).copied().unwrap_or(0) > 0,
@@ -777,35 +603,34 @@ async fn redis_restart_mid_run_fails_open_and_then_limits_exactly_from_a_clean_s
     // Counting resumes once the gateway's store calls succeed again (after the circuit
     // breaker's cooldown, if it opened): until then requests fail open, without rate-limit
     // headers. A third caller probes, so caller a's counter is untouched.
-    let c = common::client();
+    let c = client();
     let resuming = Instant::now();
     let mut probes = 0;
-    loop {
-        let r = common::get(&c, &url, &[("x-k", "probe")]).await;
-        assert_eq!(r.status, 200, "{r:#?}");
+    let r = eventually(
+        "the gateway counts again within 15 s of Redis answering",
+        Duration::from_secs(15),
+    )
+    .every(Duration::from_millis(20))
+    .holds_async(|| {
         probes += 1;
-        if r.opt_header("x-ratelimit-remaining").is_some() {
-            assert_eq!(r.header_u64("x-ratelimit-remaining"), 19, "{r:#?}");
-            break;
+        let (c, url) = (&c, &url);
+        async move {
+            let r = get(c, url, &[("x-k", "probe")]).await;
+            assert_eq!(r.status, 200, "{r:#?}");
+            r.opt_header("x-ratelimit-remaining").is_some().then_some(r)
         }
-        assert!(
-            resuming.elapsed() < Duration::from_secs(15),
-            "the gateway did not count again within 15 s of Redis answering; /readyz: {}",
-            gw.readyz_status().await.1
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    assert_eq!(r.header_u64("x-ratelimit-remaining"), 19, "{r:#?}");
     eprintln!(
         "counting resumed {:?} after /readyz turned 200 ({probes} probes)",
         resuming.elapsed()
     );
 
     // The new Redis is empty: caller a gets exactly its limit again, no more.
-    assert!(scan(redis.port, "*")
-        .iter()
-        .all(|k| k.starts_with("{restart:")));
+    assert!(redis.scan("*").iter().all(|k| k.starts_with("{restart:")));
     let before = up.requests().await;
-    let t = blast_with(std::slice::from_ref(&url), 3, 10, caller_a, None).await;
+    let t = caller_a().run(10).await;
     assert_exact("caller a after the restart", &t, 30, 20, &up, before).await;
 }
 
@@ -820,7 +645,7 @@ async fn readyz_is_503_while_redis_is_down_and_200_again_after_it_returns() {
     let yaml = format!(
         "store: {{ key_prefix: ready, timeout: 200ms }}\n{}\
          routes:\n  - {{ name: default, match: {{ path_prefix: / }}, upstream: backend }}\n",
-        upstreams(&up)
+        up.upstreams_yaml()
     );
     let gw = Gateway::start_named("gw", &yaml, &["--redis-url", &redis.url()], &[]).await;
     let body = gw.wait_readyz(200, Duration::from_secs(10)).await;
@@ -871,7 +696,7 @@ async fn redis_cluster_is_exact_and_limits_in_different_slots_work() {
         \x20 - { name: global-b, key: [], limit: 50, window: 24h, routes: [multi-b] }\n";
     let yaml = format!(
         "store: {{ backend: redis_cluster, cluster_nodes: [{nodes}], key_prefix: cl, timeout: 5s, on_error: deny }}\n{}{routes}{limits}",
-        upstreams(&up)
+        up.upstreams_yaml()
     );
     let a = Gateway::start_named("A", &yaml, &[], &[]).await;
     let b = Gateway::start_named("B", &yaml, &[], &[]).await;
@@ -884,14 +709,14 @@ async fn redis_cluster_is_exact_and_limits_in_different_slots_work() {
     for alg in ALGORITHMS {
         let before = up.requests().await;
         let path = format!("/{alg}");
-        let tally = blast(&[a.url(&path), b.url(&path)], 40, 50).await;
-        assert_exact(&format!("cluster {alg}"), &tally, 2000, 200, &up, before).await;
+        let replies = blast(&[a.url(&path), b.url(&path)], 40, 50).await;
+        assert_exact(&format!("cluster {alg}"), &replies, 2000, 200, &up, before).await;
         // All of a limit's keys are on one node (one hash tag, one slot).
         let holders: Vec<usize> = cluster
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| !scan(n.port, &format!("{{cl:cl-{alg}:*")).is_empty())
+            .filter(|(_, n)| !n.scan(&format!("{{cl:cl-{alg}:*")).is_empty())
             .map(|(i, _)| i)
             .collect();
         assert_eq!(holders.len(), 1, "{alg}: keys on nodes {holders:?}");
@@ -916,45 +741,37 @@ async fn redis_cluster_is_exact_and_limits_in_different_slots_work() {
         );
         eprintln!("slots: {global} {g}, {per_key} of k1, k2, k3 {slots:?}");
     }
-    let api_key = |i: usize| vec![("x-api-key".to_string(), callers[i % 3].to_string())];
+    // Connection `i` is caller `i % 3`.
+    let api_key = move |i: usize, _| vec![("x-api-key".to_string(), callers[i % 3].to_string())];
 
     // a: the per-caller limits (10 each) decide; the global one counts only what they admit.
     let before = up.requests().await;
-    let t = blast_with(
-        &[a.url("/multi-a"), b.url("/multi-a")],
-        6,
-        10,
-        api_key,
-        None,
-    )
-    .await;
+    let t = Load::across(&[a.url("/multi-a"), b.url("/multi-a")])
+        .conns(6)
+        .headers(api_key)
+        .run(10)
+        .await;
     assert_exact("cluster multi-slot a", &t, 60, 30, &up, before).await;
     let global_a: Vec<String> = cluster
         .nodes
         .iter()
-        .flat_map(|n| counters(n.port, "{cl:global-a:*"))
+        .flat_map(|n| counters(n, "{cl:global-a:*"))
         .collect();
     assert_eq!(global_a, vec!["30"], "the global counter of multi-a");
 
     // b: the global limit (50) decides: 3 callers × 40 requests, at most 30 each.
     let before = up.requests().await;
-    let t = blast_with(
-        &[a.url("/multi-b"), b.url("/multi-b")],
-        12,
-        10,
-        api_key,
-        None,
-    )
-    .await;
+    let t = Load::across(&[a.url("/multi-b"), b.url("/multi-b")])
+        .conns(12)
+        .headers(api_key)
+        .run(10)
+        .await;
     assert_exact("cluster multi-slot b", &t, 120, 50, &up, before).await;
     // The limits of multi-b live on more than one node.
     let holders = cluster
         .nodes
         .iter()
-        .filter(|n| {
-            !scan(n.port, "{cl:per-key-b:*").is_empty()
-                || !scan(n.port, "{cl:global-b:*").is_empty()
-        })
+        .filter(|n| !n.scan("{cl:per-key-b:*").is_empty() || !n.scan("{cl:global-b:*").is_empty())
         .count();
     assert!(holders >= 2, "the keys of multi-b are all on one node");
     assert!(
@@ -974,7 +791,7 @@ async fn redis_sentinel_finds_the_master_and_limits_exactly() {
     let yaml = format!(
         "store: {{ backend: redis_sentinel, sentinel: {{ master_name: {MASTER_NAME}, nodes: [\"{}\"] }}, key_prefix: sent, timeout: 5s, on_error: deny }}\n{}{}",
         s.sentinel_url(),
-        upstreams(&up),
+        up.upstreams_yaml(),
         routes_with_own_limit(&[("x".into(), "sent-limit".into(), "sliding_window", 50, "24h")])
     );
     let a = Gateway::start_named("A", &yaml, &[], &[]).await;
@@ -987,9 +804,9 @@ async fn redis_sentinel_finds_the_master_and_limits_exactly() {
     // Written on the master (and replicated, read-only, to the replica).
     assert!(s.master.cli(&["ROLE"]).starts_with("master"));
     assert!(s.replica.cli(&["ROLE"]).starts_with("slave"));
-    let on_master = counters(s.master.port, "{sent:sent-limit:*");
+    let on_master = counters(&s.master, "{sent:sent-limit:*");
     assert_eq!(on_master, vec!["50"]);
-    assert_every_key_expires(s.master.port, "sent", |_| 2 * DAY_MS);
+    assert_every_key_expires(&s.master, "sent", |_| 2 * DAY_MS);
 }
 
 /// Beyond the issue's list: after a Sentinel failover the gateway re-resolves the master (the
@@ -1001,7 +818,7 @@ async fn redis_sentinel_failover_moves_the_gateway_to_the_new_master() {
     let yaml = format!(
         "store: {{ backend: redis_sentinel, sentinel: {{ master_name: {MASTER_NAME}, nodes: [\"{}\"] }}, key_prefix: sf, timeout: 2s, on_error: deny }}\n{}{}",
         s.sentinel_url(),
-        upstreams(&up),
+        up.upstreams_yaml(),
         routes_with_own_limit(&[
             ("before".into(), "before".into(), "sliding_window", 50, "24h"),
             ("after".into(), "after".into(), "sliding_window", 50, "24h"),
@@ -1014,63 +831,49 @@ async fn redis_sentinel_failover_moves_the_gateway_to_the_new_master() {
     let t = blast(&[gw.url("/before")], 10, 10).await;
     assert_exact("before the failover", &t, 100, 50, &up, before).await;
 
-    // Bounded polling of a condition on the Redis processes.
-    let wait_for = |what: &str, within: Duration, cond: &dyn Fn() -> bool| {
-        let start = Instant::now();
-        while !cond() {
-            assert!(start.elapsed() < within, "{what}: not within {within:?}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
     let replica_port = s.replica.port.to_string();
-    wait_for("replica in sync", Duration::from_secs(20), &|| {
-        s.replica
-            .cli(&["INFO", "replication"])
-            .contains("master_link_status:up")
-    });
-    wait_for(
-        "sentinel knows the replica",
-        Duration::from_secs(20),
-        &|| cli(s.sentinel_port, &["SENTINEL", "REPLICAS", MASTER_NAME]).contains(&replica_port),
-    );
-    assert_eq!(
-        cli(s.sentinel_port, &["SENTINEL", "FAILOVER", MASTER_NAME]),
-        "OK"
-    );
-    wait_for(
-        "sentinel names the new master",
-        Duration::from_secs(30),
-        &|| {
-            cli(
-                s.sentinel_port,
-                &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME],
-            )
-            .contains(&replica_port)
-        },
-    );
-    wait_for(
-        "the old master is a replica",
-        Duration::from_secs(30),
-        &|| s.master.cli(&["ROLE"]).starts_with("slave"),
-    );
+    let every = Duration::from_millis(100);
+    eventually("replica in sync", Duration::from_secs(20))
+        .every(every)
+        .holds(|| s.replica.replica_synced())
+        .await;
+    eventually("sentinel knows the replica", Duration::from_secs(20))
+        .every(every)
+        .holds(|| {
+            s.cli(&["SENTINEL", "REPLICAS", MASTER_NAME])
+                .contains(&replica_port)
+        })
+        .await;
+    assert_eq!(s.cli(&["SENTINEL", "FAILOVER", MASTER_NAME]), "OK");
+    eventually("sentinel names the new master", Duration::from_secs(30))
+        .every(every)
+        .holds(|| s.names_master(s.replica.port))
+        .await;
+    eventually("the old master is a replica", Duration::from_secs(30))
+        .every(every)
+        .holds(|| s.master.cli(&["ROLE"]).starts_with("slave"))
+        .await;
     assert!(s.replica.cli(&["ROLE"]).starts_with("master"));
 
     // The gateway finds the new master (503s from `on_error: deny` meanwhile are fine).
-    let c = common::client();
+    let c = client();
     let start = Instant::now();
-    loop {
-        let r = common::get(&c, &gw.url("/probe"), &[]).await;
-        if r.status == 200 {
-            break;
+    let probe = gw.url("/probe");
+    eventually(
+        "the gateway reaches the new master within 30 s",
+        Duration::from_secs(30),
+    )
+    .holds_async(|| {
+        let (c, probe) = (&c, &probe);
+        async move {
+            let r = get(c, probe, &[]).await;
+            if r.status != 200 {
+                assert_eq!(r.status, 503, "{r:#?}");
+            }
+            r.status == 200
         }
-        assert_eq!(r.status, 503, "{r:#?}");
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the gateway did not reach the new master within 30 s; /readyz: {}",
-            gw.readyz_status().await.1
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     eprintln!(
         "the gateway used the new master {:?} after the failover",
         start.elapsed()
@@ -1084,7 +887,7 @@ async fn redis_sentinel_failover_moves_the_gateway_to_the_new_master() {
     let before = up.requests().await;
     let t = blast(&[gw.url("/after")], 10, 10).await;
     assert_exact("after the failover", &t, 100, 50, &up, before).await;
-    let on_new_master = counters(s.replica.port, "{sf:after:*");
+    let on_new_master = counters(&s.replica, "{sf:after:*");
     assert_eq!(on_new_master, vec!["50"]);
 }
 
@@ -1133,7 +936,7 @@ async fn rediss_tls_url_limits_exactly() {
     let up = Upstream::start().await;
     let yaml = format!(
         "store: {{ backend: redis, url: \"rediss://127.0.0.1:{tls_port}/#insecure\", key_prefix: tls, timeout: 5s, on_error: deny }}\n{}{}",
-        upstreams(&up),
+        up.upstreams_yaml(),
         routes_with_own_limit(&[("x".into(), "tls-limit".into(), "sliding_window", 20, "24h")])
     );
     let gw = Gateway::start_named("tls", &yaml, &[], &[]).await;
@@ -1142,5 +945,5 @@ async fn rediss_tls_url_limits_exactly() {
     let before = up.requests().await;
     let t = blast(&[gw.url("/x")], 5, 10).await;
     assert_exact("rediss", &t, 50, 20, &up, before).await;
-    assert_eq!(counters(redis.port, "{tls:tls-limit:*"), vec!["20"]);
+    assert_eq!(counters(&redis, "{tls:tls-limit:*"), vec!["20"]);
 }

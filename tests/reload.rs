@@ -10,7 +10,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::*;
+use common::clock::clear_of_window_boundary;
+use common::gateway::{path_of, Gateway};
+use common::http::{client, get, Resp};
+use common::process::count;
+use common::upstream::Upstream;
 use reqwest::StatusCode;
 
 const HOUR: u64 = 3600;
@@ -20,8 +24,8 @@ const APPLY_WITHIN: Duration = Duration::from_secs(5);
 /// A config with one catch-all route and the given `limits:` items.
 fn config(up: &Upstream, limits: &[&str]) -> String {
     let mut s = format!(
-        "upstreams: {{ backend: [\"{}\"] }}\nroutes:\n  - {{ name: default, match: {{ path_prefix: / }}, upstream: backend }}\n",
-        up.addr
+        "{}routes:\n  - {{ name: default, match: {{ path_prefix: / }}, upstream: backend }}\n",
+        up.upstreams_yaml()
     );
     if !limits.is_empty() {
         s.push_str("limits:\n");
@@ -156,8 +160,8 @@ async fn a_bad_file_is_rejected_and_the_last_good_config_keeps_serving() {
     assert_policy(&get(&c, &url, &[]).await, "hourly", 10, 7);
     // An undefined upstream and a zero limit: every error is reported.
     gw.replace_config(&format!(
-        "upstreams: {{ backend: [\"{}\"] }}\nroutes:\n  - {{ name: default, match: {{ path_prefix: / }}, upstream: nowhere }}\nlimits:\n  - {{ name: hourly, key: [], algorithm: fixed_window, limit: 0, window: 1h }}\n",
-        up.addr
+        "{}routes:\n  - {{ name: default, match: {{ path_prefix: / }}, upstream: nowhere }}\nlimits:\n  - {{ name: hourly, key: [], algorithm: fixed_window, limit: 0, window: 1h }}\n",
+        up.upstreams_yaml()
     ));
     gw.wait_output(
         &format!("{path}: routes[0].upstream: upstream \"nowhere\" is not defined under upstreams"),
@@ -242,14 +246,10 @@ async fn a_request_in_flight_finishes_on_the_config_it_started_with() {
         tokio::spawn(async move { get(&c, &url, &[("x-demo-delay-ms", "3000")]).await })
     };
     // Once the upstream holds it, the request has passed the limits on the old config.
-    let start = Instant::now();
-    while up.stats().await.in_flight == 0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "slow request never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    up.wait_stats("the slow request arrives", Duration::from_secs(5), |s| {
+        s.in_flight > 0
+    })
+    .await;
     gw.replace_config(&config(&up, &[&hourly("new", 5)]));
     gw.sighup();
     gw.wait_generation(1, APPLY_WITHIN).await;

@@ -1,6 +1,6 @@
 //! Priority load shedding (issue 5) against real processes: the gateway binary, the demo
 //! upstream holding requests with `x-demo-delay-ms`, and a real `redis-server` where the store
-//! is involved, all on loopback.
+//! is involved (the module `with_redis`), all on loopback.
 //!
 //! `max_in_flight: 40` with the default thresholds sheds `test` at 28 requests in flight, `get`
 //! at 32, `post` at 36, and never `critical`. The tests count answers per class, and read the
@@ -8,16 +8,15 @@
 //! beyond the upstream holding requests for longer than a burst takes to arrive.
 
 mod common;
-mod redis_server;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{raw_burst, Gateway, RawConn, RawResp, Upstream};
-use redis_server::RedisServer;
-
-const REDUCED_CAPACITY: &str =
-    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
+use common::gateway::Gateway;
+use common::http::REDUCED_CAPACITY;
+use common::raw::{raw_burst, raw_request, raw_send, statuses, RawResp};
+use common::upstream::Upstream;
+use common::wait::eventually;
 
 /// The classes, lowest priority first, as `/stats` names them.
 const CLASSES: [&str; 4] = ["test", "get", "post", "critical"];
@@ -44,19 +43,19 @@ shedding:
 
 /// One request of each class; `n` varies the form of test traffic (header or key prefix).
 fn request(class: &str, n: usize, hold_ms: u64) -> String {
-    let (line, extra) = match class {
-        "critical" => ("POST /payments/charge", ""),
-        "post" => ("POST /orders", ""),
-        "get" => ("GET /items", ""),
+    let hold = hold_ms.to_string();
+    let hold = ("x-demo-delay-ms", hold.as_str());
+    match class {
+        "critical" => raw_request("POST", "/payments/charge", &[hold]),
+        "post" => raw_request("POST", "/orders", &[hold]),
+        "get" => raw_request("GET", "/items", &[hold]),
         // Test traffic wins over the method: a POST with a test key is `test`.
-        "test" if n.is_multiple_of(2) => ("GET /items", "x-test-mode: 1\r\n"),
-        "test" => ("POST /orders", "x-api-key: test_abc\r\n"),
+        "test" if n.is_multiple_of(2) => {
+            raw_request("GET", "/items", &[hold, ("x-test-mode", "1")])
+        }
+        "test" => raw_request("POST", "/orders", &[hold, ("x-api-key", "test_abc")]),
         other => panic!("no class {other}"),
-    };
-    format!(
-        "{line} HTTP/1.1\r\nHost: tollgate.test\r\nContent-Length: 0\r\nConnection: close\r\n\
-         x-demo-delay-ms: {hold_ms}\r\n{extra}\r\n"
-    )
+    }
 }
 
 /// (admitted, shed) of each class, from `/stats`, in [`CLASSES`] order.
@@ -71,46 +70,31 @@ async fn decided(gw: &Gateway) -> [(u64, u64); 4] {
     })
 }
 
-/// Send `req` on a new connection and hand back the task that reads its answer.
-async fn send(addr: SocketAddr, req: String) -> tokio::task::JoinHandle<Option<RawResp>> {
-    let mut conn = RawConn::connect(addr).await;
-    tokio::spawn(async move {
-        conn.send(req.as_bytes()).await.ok()?;
-        conn.read_response().await
-    })
-}
-
 /// Every request on its own connection to `addr`, all written at once (see [`raw_burst`]).
 async fn burst(addr: SocketAddr, requests: Vec<String>) -> Vec<Option<RawResp>> {
-    let targets: Vec<(SocketAddr, String)> = requests.into_iter().map(|r| (addr, r)).collect();
-    raw_burst(&targets).await
+    raw_burst(requests.into_iter().map(|r| (addr, r))).await
 }
 
 /// A shed answer: 503, `Retry-After`, a `temporary-reduced-capacity` problem naming `class`.
 fn assert_shed(r: &RawResp, class: &str) {
-    assert_eq!(r.status, 503, "{r:?}");
+    let body = r.problem(503);
     assert_eq!(r.header("retry-after").as_deref(), Some("1"), "{r:?}");
-    assert_eq!(
-        r.header("content-type").as_deref(),
-        Some("application/problem+json")
-    );
-    let body: serde_json::Value = serde_json::from_slice(&r.body).expect("JSON body");
     assert_eq!(body["type"], REDUCED_CAPACITY);
-    assert_eq!(body["status"], 503);
     assert_eq!(body["priority"], class);
     assert_eq!(body["retry_after"], 1);
 }
 
-/// Poll until the gateway has no request in flight; panics after 10 s.
-async fn wait_idle(gw: &Gateway) {
-    let start = Instant::now();
-    while gw.stats().await["in_flight"] != 0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "requests still in flight: {}",
-            gw.stats().await
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// Count `r`, the answer to a `class` request, in `got` (in [`CLASSES`] order) as admitted
+/// (200) or shed (503, a proper shed answer); any other answer fails the test.
+fn count_answer(got: &mut [(u64, u64); 4], class: &str, r: &RawResp) {
+    let c = CLASSES.iter().position(|x| *x == class).expect("class");
+    match r.status {
+        200 => got[c].0 += 1,
+        503 => {
+            assert_shed(r, class);
+            got[c].1 += 1
+        }
+        other => panic!("{class}: unexpected {other}: {r:?}"),
     }
 }
 
@@ -134,20 +118,17 @@ async fn a_mixed_load_at_three_times_capacity_sheds_test_then_get_then_post_neve
     for round in 0..30 {
         for class in ["critical", "post", "get", "test"] {
             let c = CLASSES.iter().position(|x| *x == class).expect("class");
-            let task = send(gw.listen, request(class, round, HOLD_MS)).await;
+            let task = raw_send(gw.listen, request(class, round, HOLD_MS)).await;
             // Wait until the gateway decided it.
-            let deadline = Instant::now() + Duration::from_secs(5);
-            let now = loop {
-                let d = decided(&gw).await;
-                if d[c].0 + d[c].1 > expect[c].0 + expect[c].1 {
-                    break d;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{class} request of round {round} not decided"
-                );
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            };
+            let before = expect[c].0 + expect[c].1;
+            let what = format!("{class} request of round {round} decided");
+            let now = eventually(what, Duration::from_secs(5))
+                .every(Duration::from_millis(1))
+                .holds_async(|| async {
+                    let d = decided(&gw).await;
+                    (d[c].0 + d[c].1 > before).then_some(d)
+                })
+                .await;
             if now[c].1 > expect[c].1 && first_shed_round[c].is_none() {
                 first_shed_round[c] = Some(round);
             }
@@ -176,19 +157,11 @@ async fn a_mixed_load_at_three_times_capacity_sheds_test_then_get_then_post_neve
     // What the clients got, per class: the admitted ones 200 once the upstream answers.
     let mut got: [(u64, u64); 4] = [(0, 0); 4];
     for (class, task) in tasks {
-        let c = CLASSES.iter().position(|x| *x == class).expect("class");
         let r = task.await.expect("task").expect("an answer");
-        match r.status {
-            200 => got[c].0 += 1,
-            503 => {
-                assert_shed(&r, class);
-                got[c].1 += 1
-            }
-            other => panic!("{class}: unexpected {other}: {r:?}"),
-        }
+        count_answer(&mut got, class, &r);
     }
     assert_eq!(got, [(7, 23), (8, 22), (10, 20), (30, 0)]);
-    wait_idle(&gw).await;
+    gw.wait_idle().await;
 }
 
 /// The same mix sent all at once, with the upstream holding each request 300 ms: which request
@@ -212,16 +185,7 @@ async fn a_simultaneous_mixed_burst_never_sheds_critical_and_respects_every_cap(
     let resps = burst(gw.listen, requests).await;
     let mut got: [(u64, u64); 4] = [(0, 0); 4];
     for (class, r) in classes.iter().zip(&resps) {
-        let c = CLASSES.iter().position(|x| x == class).expect("class");
-        let r = r.as_ref().expect("an answer");
-        match r.status {
-            200 => got[c].0 += 1,
-            503 => {
-                assert_shed(r, class);
-                got[c].1 += 1
-            }
-            other => panic!("{class}: unexpected {other}: {r:?}"),
-        }
+        count_answer(&mut got, class, r.as_ref().expect("an answer"));
     }
     assert_eq!(got[3], (30, 0), "every critical request succeeds");
     let s = upstream.stats().await;
@@ -243,127 +207,7 @@ async fn a_simultaneous_mixed_burst_never_sheds_critical_and_respects_every_cap(
     assert!(t <= 28 && t + g <= 32 && t + g + p <= 36, "{got:?}");
     // 30 critical alone exceed test's threshold: some test traffic is always shed.
     assert!(got[0].1 > 0, "{got:?}");
-    wait_idle(&gw).await;
-}
-
-/// `INFO commandstats`: calls of `cmd` (for example `evalsha`).
-fn redis_calls(redis: &RedisServer, cmd: &str) -> u64 {
-    let info = redis.cli(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().expect("calls"))
-}
-
-/// Every script call (`EVALSHA`, and `EVAL` or `SCRIPT` should a script be reloaded).
-fn script_calls(redis: &RedisServer) -> u64 {
-    ["evalsha", "eval", "script"]
-        .iter()
-        .map(|c| redis_calls(redis, c))
-        .sum()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn shed_requests_never_reach_the_upstream_and_never_touch_the_store() {
-    let _serial = SERIAL.lock().await;
-    let mut redis = RedisServer::start();
-    let upstream = Upstream::start().await;
-    let store = format!(
-        "store: {{ backend: redis, url: \"{}\", timeout: 500ms }}",
-        redis.url()
-    );
-    // A rate limit and a concurrency limit on every request: an admitted request makes one
-    // take, one check and one release call.
-    let limits = "limits:\n  - { name: global, key: [], limit: 100000, window: 1m }\n  - { name: inflight, kind: concurrency, key: [], limit: 1000, timeout: 1m }\n";
-    let gw = Gateway::start(&config(upstream.addr, &store, limits)).await;
-
-    // Warm up: the scripts are loaded, and the release of that request is done.
-    let warm = burst(gw.listen, vec![request("get", 0, 0)]).await;
-    assert_eq!(warm[0].as_ref().map(|r| r.status), Some(200));
-    wait_idle(&gw).await;
-    wait_script_calls_settle(&redis).await;
-    let before = script_calls(&redis);
-
-    // 40 critical requests held at the upstream: 40 in flight, every class but critical is
-    // shed from now on.
-    let mut held = Vec::new();
-    for _ in 0..40 {
-        held.push(send(gw.listen, request("critical", 0, 3_000)).await);
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while upstream.stats().await.in_flight < 40 {
-        assert!(
-            Instant::now() < deadline,
-            "40 requests never reached the upstream"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let after_admitted = script_calls(&redis);
-    assert_eq!(
-        after_admitted - before,
-        80,
-        "one take and one check per admitted request"
-    );
-
-    // 60 shed requests: no store call, nothing at the upstream.
-    let mut shed = Vec::new();
-    for n in 0..20 {
-        for class in ["test", "get", "post"] {
-            shed.push((class, send(gw.listen, request(class, n, 0)).await));
-        }
-    }
-    for (class, t) in shed {
-        let r = t.await.expect("task").expect("an answer");
-        assert_shed(&r, class);
-    }
-    assert_eq!(
-        script_calls(&redis),
-        after_admitted,
-        "shed requests made store calls"
-    );
-    let s = upstream.stats().await;
-    assert_eq!(
-        s.requests, 41,
-        "the warm-up and the 40 held requests only: {s:?}"
-    );
-    assert_eq!(
-        decided(&gw).await,
-        [(0, 20), (1, 20), (0, 20), (40, 0)],
-        "(admitted, shed) of test, get, post, critical"
-    );
-
-    // Shedding does not need the store at all: with Redis gone, a shed request is still
-    // answered 503 at once (no store timeout on the way).
-    redis.kill();
-    let start = Instant::now();
-    let r = send(gw.listen, request("get", 0, 0)).await;
-    let r = r.await.expect("task").expect("an answer");
-    assert_shed(&r, "get");
-    assert!(
-        start.elapsed() < Duration::from_millis(400),
-        "took {:?}",
-        start.elapsed()
-    );
-
-    for t in held {
-        let r = t.await.expect("task").expect("an answer");
-        assert_eq!(r.status, 200);
-    }
-    wait_idle(&gw).await;
-}
-
-/// Poll until Redis's script call count stops moving (a release runs after the answer).
-async fn wait_script_calls_settle(redis: &RedisServer) {
-    let mut last = script_calls(redis);
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let now = script_calls(redis);
-        if now == last {
-            return;
-        }
-        last = now;
-    }
-    panic!("Redis script calls kept changing");
+    gw.wait_idle().await;
 }
 
 /// A route's `priority` sets its class whatever the method; without `shedding` nothing is shed.
@@ -384,20 +228,18 @@ shedding: {{ max_in_flight: 4, thresholds: {{ test: 0.25, get: 0.5, post: 0.75 }
     let gw = Gateway::start(&yaml).await;
     // Two POSTs to an ordinary route are in flight: `get` (cap 2) is shed, `post` (cap 3) is not.
     let post = |path: &str, hold: u64| {
-        format!(
-            "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\nx-demo-delay-ms: {hold}\r\n\r\n"
-        )
+        raw_request("POST", path, &[("x-demo-delay-ms", &hold.to_string())])
     };
-    let a = send(gw.listen, post("/orders", 2_000)).await;
-    let b = send(gw.listen, post("/orders", 2_000)).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while upstream.stats().await.in_flight < 2 {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let search = send(gw.listen, post("/search", 0)).await;
+    let a = raw_send(gw.listen, post("/orders", 2_000)).await;
+    let b = raw_send(gw.listen, post("/orders", 2_000)).await;
+    upstream
+        .wait_stats("2 requests in flight", Duration::from_secs(10), |s| {
+            s.in_flight >= 2
+        })
+        .await;
+    let search = raw_send(gw.listen, post("/search", 0)).await;
     assert_shed(&search.await.unwrap().unwrap(), "get");
-    let order = send(gw.listen, post("/orders", 0)).await;
+    let order = raw_send(gw.listen, post("/orders", 0)).await;
     assert_eq!(order.await.unwrap().unwrap().status, 200);
     for t in [a, b] {
         assert_eq!(t.await.unwrap().unwrap().status, 200);
@@ -414,12 +256,130 @@ shedding: {{ max_in_flight: 4, thresholds: {{ test: 0.25, get: 0.5, post: 0.75 }
         (0..60).map(|n| request("test", n, 300)).collect(),
     )
     .await;
-    assert!(resps
-        .iter()
-        .all(|r| r.as_ref().is_some_and(|r| r.status == 200)));
+    assert_eq!(statuses(&resps), vec![200; 60]);
     // Without a `shedding` section there is no test traffic either: these are get and post.
     let d = decided(&gw).await;
     assert_eq!(d.map(|c| c.1), [0; 4], "nothing shed: {d:?}");
     assert_eq!(d.iter().map(|c| c.0).sum::<u64>(), 60);
     assert!(gw.stats().await["shedding"].is_null());
+}
+
+// ---------------------------------------------------------------------------------------
+// With a Redis store.
+// ---------------------------------------------------------------------------------------
+
+/// The tests that need a real `redis-server` (`cargo test -- --skip with_redis::` runs the
+/// others without one).
+mod with_redis {
+    use super::*;
+    use common::redis::RedisServer;
+
+    /// Every script call (`EVALSHA`, and `EVAL` or `SCRIPT` should a script be reloaded).
+    fn script_calls(redis: &RedisServer) -> u64 {
+        ["evalsha", "eval", "script"]
+            .iter()
+            .map(|c| redis.command_calls(c))
+            .sum()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn shed_requests_never_reach_the_upstream_and_never_touch_the_store() {
+        let _serial = SERIAL.lock().await;
+        let mut redis = RedisServer::start();
+        let upstream = Upstream::start().await;
+        let store = format!(
+            "store: {{ backend: redis, url: \"{}\", timeout: 500ms }}",
+            redis.url()
+        );
+        // A rate limit and a concurrency limit on every request: an admitted request makes one
+        // take, one check and one release call.
+        let limits = "limits:\n  - { name: global, key: [], limit: 100000, window: 1m }\n  - { name: inflight, kind: concurrency, key: [], limit: 1000, timeout: 1m }\n";
+        let gw = Gateway::start(&config(upstream.addr, &store, limits)).await;
+
+        // Warm up: the scripts are loaded, and the release of that request is done.
+        let warm = burst(gw.listen, vec![request("get", 0, 0)]).await;
+        assert_eq!(warm[0].as_ref().map(|r| r.status), Some(200));
+        gw.wait_idle().await;
+        wait_script_calls_settle(&redis).await;
+        let before = script_calls(&redis);
+
+        // 40 critical requests held at the upstream: 40 in flight, every class but critical is
+        // shed from now on.
+        let mut held = Vec::new();
+        for _ in 0..40 {
+            held.push(raw_send(gw.listen, request("critical", 0, 3_000)).await);
+        }
+        upstream
+            .wait_stats("40 requests in flight", Duration::from_secs(10), |s| {
+                s.in_flight >= 40
+            })
+            .await;
+        let after_admitted = script_calls(&redis);
+        assert_eq!(
+            after_admitted - before,
+            80,
+            "one take and one check per admitted request"
+        );
+
+        // 60 shed requests: no store call, nothing at the upstream.
+        let mut shed = Vec::new();
+        for n in 0..20 {
+            for class in ["test", "get", "post"] {
+                shed.push((class, raw_send(gw.listen, request(class, n, 0)).await));
+            }
+        }
+        for (class, t) in shed {
+            let r = t.await.expect("task").expect("an answer");
+            assert_shed(&r, class);
+        }
+        assert_eq!(
+            script_calls(&redis),
+            after_admitted,
+            "shed requests made store calls"
+        );
+        let s = upstream.stats().await;
+        assert_eq!(
+            s.requests, 41,
+            "the warm-up and the 40 held requests only: {s:?}"
+        );
+        assert_eq!(
+            decided(&gw).await,
+            [(0, 20), (1, 20), (0, 20), (40, 0)],
+            "(admitted, shed) of test, get, post, critical"
+        );
+
+        // Shedding does not need the store at all: with Redis gone, a shed request is still
+        // answered 503 at once (no store timeout on the way).
+        redis.kill();
+        let start = Instant::now();
+        let r = raw_send(gw.listen, request("get", 0, 0)).await;
+        let r = r.await.expect("task").expect("an answer");
+        assert_shed(&r, "get");
+        assert!(
+            start.elapsed() < Duration::from_millis(400),
+            "took {:?}",
+            start.elapsed()
+        );
+
+        for t in held {
+            let r = t.await.expect("task").expect("an answer");
+            assert_eq!(r.status, 200);
+        }
+        gw.wait_idle().await;
+    }
+
+    /// Poll until Redis's script call count stops moving (a release runs after the answer): the
+    /// same count twice, 50 ms apart.
+    async fn wait_script_calls_settle(redis: &RedisServer) {
+        let mut last = None;
+        eventually("Redis script calls settle", Duration::from_millis(2_500))
+            .every(Duration::from_millis(50))
+            .holds(|| {
+                let now = script_calls(redis);
+                let settled = last == Some(now);
+                last = Some(now);
+                settled
+            })
+            .await
+    }
 }

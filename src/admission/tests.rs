@@ -143,20 +143,3 @@ async fn one_pipeline_for_both_kinds() {
     assert_eq!(store.local().slots.held(), 0);
     assert_eq!(store.slot_stats().requests_holding(), 0);
 }
-
-#[test]
-fn print_future_sizes() {
-    let cfg = config();
-    let store = Arc::new(Store::memory(1000));
-    let none = HeaderMap::new();
-    let c = caller(&cfg, Some("k1"));
-    let req = Request { cfg: &cfg, caller: &c, route: &cfg.routes[0], method: &Method::GET, headers: &none };
-    let mut report = Report::default();
-    let f = admit(&store, &req, 0, &mut report);
-    eprintln!("admit future: {} bytes", std::mem::size_of_val(&f));
-    let checks = crate::store::Checks::new();
-    let mut out = crate::store::Decisions::new();
-    let g = store.check(&checks, 0, &mut out);
-    eprintln!("store.check future: {} bytes", std::mem::size_of_val(&g));
-    eprintln!("Check {} Claim {} Decision {}", std::mem::size_of::<crate::store::Check>(), std::mem::size_of::<crate::store::Claim>(), std::mem::size_of::<crate::limit::Decision>());
-}
