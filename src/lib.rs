@@ -7,7 +7,8 @@
 //! [`evaluate`] (every matching rate limit, checked in one [`store`] call with the [`limit`]
 //! algorithms) → [`headers`] (the decision as HTTP). [`proxy`] is the Pingora
 //! glue that runs them in `request_filter`; [`config`] holds the validated, hot-reloaded
-//! configuration; [`server`] wires everything together.
+//! configuration; [`server`] wires everything together. [`path`] puts a request path in
+//! normal form, for use before routing.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -19,6 +20,7 @@ pub mod evaluate;
 pub mod headers;
 pub mod identity;
 pub mod limit;
+pub mod path;
 pub mod proxy;
 pub mod route;
 pub mod server;
