@@ -1,13 +1,14 @@
 //! tollgate: an API gateway on Pingora that enforces distributed rate limits before a request
 //! reaches any backend.
 //!
-//! A request walks the modules in this order: [`identity`] (who is calling) → [`route`]
-//! (where it goes) → [`shed`] (refused when the gateway is near capacity, by priority) →
-//! [`admission`] (a slot of each concurrency limit, then every rate limit in one [`store`]
-//! call, with the [`limit`] algorithms) → [`refusal`] and [`headers`] (the outcome as HTTP).
-//! [`proxy`] is the Pingora glue that runs them in `request_filter`; [`config`] holds the
-//! validated, hot-reloaded configuration, and imports nothing of the crate but [`limit`];
-//! [`server`] wires everything together.
+//! A request walks the modules in this order: [`identity`] (who is calling) →
+//! [`path`] (the request path in normal form, before routing) → [`route`] (where it goes) →
+//! [`shed`] (refused when the gateway is near capacity, by priority) → [`admission`] (a slot of
+//! each concurrency limit, then every rate limit in one [`store`] call, with the [`limit`]
+//! algorithms) → [`refusal`] and [`headers`] (the outcome as HTTP). [`proxy`] is the Pingora
+//! glue that runs them in `request_filter`; [`config`] holds the validated, hot-reloaded
+//! configuration, and imports nothing of the crate but [`limit`]; [`server`] wires everything
+//! together.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -18,6 +19,7 @@ pub mod demo;
 pub mod headers;
 pub mod identity;
 pub mod limit;
+pub mod path;
 pub mod proxy;
 pub mod refusal;
 pub mod route;
