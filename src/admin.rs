@@ -19,6 +19,8 @@ pub struct Admin {
     pub config: Arc<ConfigHandle>,
     pub store: Arc<Store>,
     pub shedder: Arc<crate::shed::Shedder>,
+    pub conns: Arc<crate::conn::Connections>,
+    pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
 }
 
 pub(crate) fn json_response(status: u16, body: serde_json::Value) -> Response<Vec<u8>> {
@@ -59,6 +61,7 @@ impl Admin {
             "redis_releases_pending": slots.releases_pending(),
             "memory_slots": self.store.local().slots.held(),
         });
+        body["connections"] = self.conns.stats_json();
         body
     }
 }
@@ -73,15 +76,23 @@ impl ServeHttp for Admin {
             ("GET", "/healthz") => json_response(200, json!({ "status": "ok" })),
             ("GET", "/readyz") => {
                 let cfg = self.config.snapshot();
-                let store_ok = self.store.ready().await;
+                let draining = self.lifecycle.stopping();
+                // While draining, the store is not asked: the answer is 503 whatever it says.
+                let store_ok = !draining && self.store.ready().await;
                 let status = if store_ok { 200 } else { 503 };
+                let store = match (draining, store_ok) {
+                    (true, _) => "not checked: draining",
+                    (false, true) => "ok",
+                    (false, false) => "unreachable",
+                };
                 json_response(
                     status,
                     json!({
                         "status": if store_ok { "ready" } else { "not ready" },
+                        "draining": draining,
                         "config": cfg.source,
                         "config_generation": self.config.generation.load(std::sync::atomic::Ordering::Relaxed),
-                        "store": if store_ok { "ok" } else { "unreachable" },
+                        "store": store,
                         "store_status": self.store.status(),
                     }),
                 )

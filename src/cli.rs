@@ -55,6 +55,10 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Take the listening sockets over from a running gateway with the same config (through
+    /// `server.upgrade_sock`); then send that gateway SIGQUIT within 5 seconds.
+    #[arg(long)]
+    pub upgrade: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -2,7 +2,8 @@
 //! JSON and counts what it served.
 //!
 //! `GET /__demo/stats` returns `{"requests", "in_flight", "max_in_flight"}` (not counted);
-//! `POST /__demo/reset` zeroes them. Any other request is counted and echoed. The header
+//! `POST /__demo/reset` zeroes them. Any other request is counted and echoed (method, path,
+//! the raw target as received, query, headers, body). The header
 //! `x-demo-delay-ms` holds the response that long; `x-demo-status` picks the status code.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -84,6 +85,8 @@ impl ServeHttp for DemoUpstream {
             }
         }
         let query = req.uri.query().unwrap_or("").to_string();
+        // The request target exactly as it arrived, to see what a proxy forwarded.
+        let target = String::from_utf8_lossy(req.raw_path()).into_owned();
         let delay = header_u64(session, "x-demo-delay-ms")
             .unwrap_or(0)
             .min(MAX_DELAY_MS);
@@ -106,6 +109,7 @@ impl ServeHttp for DemoUpstream {
             json!({
                 "method": method,
                 "path": path,
+                "target": target,
                 "query": query,
                 "headers": headers,
                 "body": String::from_utf8_lossy(&body),

@@ -61,7 +61,10 @@ fn run(args: RunArgs) -> ExitCode {
         eprintln!("tollgate: cannot catch SIGHUP: {e}");
         return ExitCode::FAILURE;
     }
-    match tollgate::server::run(handle) {
+    let opts = tollgate::server::StartOptions {
+        upgrade: args.upgrade,
+    };
+    match tollgate::server::run(handle, opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tollgate: {e}");

@@ -1,5 +1,6 @@
-//! The gateway's [`ProxyHttp`]: `request_filter` runs identity → route → shedding →
-//! admission (concurrency, then rate limits) and answers from there when one refuses;
+//! The gateway's [`ProxyHttp`]: `request_filter` runs the head checks (Host, sizes, the
+//! path's normal form) → identity → route → shedding → admission (concurrency, then rate
+//! limits) and answers from there when one refuses;
 //! otherwise the request is proxied to the route's upstream with the decisive limit's headers
 //! added to the response. A request's in-flight count and concurrency slots are guards in its
 //! context: they are given back exactly once when it ends, however it ends.
@@ -9,9 +10,9 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
@@ -20,16 +21,16 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use crate::admission::{self, Admitted, Refused, Report, Request};
 use crate::config::reload::ConfigHandle;
 use crate::config::{Config, LimitId, OnError, RouteId};
+use crate::conn::ConnState;
+use crate::head;
 use crate::headers;
 use crate::identity::{identify, Caller};
+use crate::lifecycle::Lifecycle;
 use crate::limit::{Clock, Decision};
 use crate::refusal::Refusal;
 use crate::route::match_route;
 use crate::shed::{self, InFlight, Shedder};
 use crate::store::{HeldSlots, Store};
-
-/// How long to wait for an upstream TCP connection.
-pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub struct Gateway {
     pub config: Arc<ConfigHandle>,
@@ -37,6 +38,8 @@ pub struct Gateway {
     pub clock: Arc<dyn Clock>,
     /// Requests in flight in this process, for load shedding.
     pub shedder: Arc<Shedder>,
+    /// Whether the gateway is draining for shutdown.
+    pub lifecycle: Arc<Lifecycle>,
 }
 
 /// Per-request state shared across the filters.
@@ -54,6 +57,9 @@ pub struct RequestCtx {
     in_flight: Option<InFlight>,
     /// The concurrency slots this request holds until dropped.
     slots: Option<HeldSlots>,
+    /// The most body bytes this request may send (`max_body_bytes`), and how many it sent.
+    max_body: Option<u64>,
+    body_bytes: u64,
 }
 
 /// Write an answer the gateway makes itself.
@@ -90,12 +96,11 @@ impl Gateway {
         // 1. Who is calling.
         let caller = identify(cfg, &req.headers, peer).map_err(|e| refused(e.into()))?;
 
-        // 2. Which route.
-        let host = req.uri.host().or_else(|| {
-            req.headers
-                .get(http::header::HOST)
-                .and_then(|h| h.to_str().ok())
-        });
+        // 2. Which route, on the normal form of the path (step 0 put it in the head).
+        let host = req
+            .headers
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok());
         let Some(route_id) = match_route(cfg, &req.method, host, req.uri.path()) else {
             return Err(refused(Refusal::NoRoute {
                 method: req.method.clone(),
@@ -104,6 +109,12 @@ impl Gateway {
         };
         ctx.route = Some(route_id);
         let route = &cfg.routes[route_id];
+        ctx.max_body = route.max_body_bytes.or(cfg.http.max_body_bytes);
+        if let (Some(max), Some(len)) = (ctx.max_body, content_length(req)) {
+            if len > max {
+                return Err(refused(Refusal::BodyTooLarge));
+            }
+        }
 
         // 3. Load shedding by priority, before any store call: a shed request costs no
         // round trip.
@@ -137,6 +148,35 @@ impl Gateway {
     }
 }
 
+/// The declared body length (Pingora has already refused conflicting or repeated ones).
+fn content_length(req: &RequestHeader) -> Option<u64> {
+    req.headers
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Step 0: the head's checks, and the rewrite to the path's normal form.
+fn check_head(cfg: &Config, session: &mut Session) -> std::result::Result<(), Refused> {
+    let head_bytes = head::head_bytes(session);
+    let rewrite = head::check(&cfg.http, session.req_header(), head_bytes).map_err(refused)?;
+    let req = session.req_header_mut();
+    if let Some(uri) = rewrite.uri {
+        req.set_uri(uri);
+    }
+    if let Some(host) = rewrite.host {
+        req.insert_header(http::header::HOST, host).map_err(|_| {
+            refused(Refusal::BadHead(
+                "The request's authority is not a valid host.",
+            ))
+        })?;
+    }
+    Ok(())
+}
+
 /// Shadow limits that would have refused, and store failures the policies answered.
 fn log_report(cfg: &Config, caller: &Caller<'_>, report: &Report) {
     for &id in &report.shadow_denied {
@@ -156,15 +196,49 @@ impl ProxyHttp for Gateway {
         RequestCtx::default()
     }
 
-    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+    /// The head has been read: the connection is busy (no head deadline while the request
+    /// runs), keep-alive follows `server.keepalive_timeout` whatever the client asked, and
+    /// pipelined requests are served in order.
+    async fn early_request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        // The one config snapshot this request runs on.
         let cfg = self.config.snapshot();
+        if let Some(conn) = ConnState::of(session) {
+            conn.busy();
+        }
+        session.set_pipelining_enabled(true);
+        // Only where Pingora keeps the connection (HTTP/1.1, or 1.0 asking for keep-alive);
+        // `Some(0)` would mean "forever".
+        if session.get_keepalive().is_some() {
+            let secs = cfg.http.keepalive_timeout.as_secs();
+            if self.lifecycle.draining() || secs == 0 {
+                session.set_keepalive(None);
+            } else {
+                session.set_keepalive(Some(secs));
+            }
+        }
+        ctx.config = Some(cfg);
+        Ok(())
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        let cfg = match &ctx.config {
+            Some(c) => c.clone(),
+            None => self.config.snapshot(),
+        };
         ctx.peer = session
             .client_addr()
             .and_then(|a| a.as_inet())
             .map(|a| a.ip());
-        // 1-4: identity, route, shedding, limits.
-        let decided = self.decide(&cfg, session, ctx).await;
-        ctx.config = Some(cfg.clone());
+        // 0. The head: Host, sizes, the path's normal form. 1-4: identity, route, shedding,
+        // limits.
+        let decided = match check_head(&cfg, session) {
+            Ok(()) => self.decide(&cfg, session, ctx).await,
+            Err(refused) => Err(refused),
+        };
         // 5. Answer, or proceed upstream with the headers of the decisive limit.
         match decided {
             Ok(admitted) => {
@@ -186,9 +260,14 @@ impl ProxyHttp for Gateway {
         let (Some(cfg), Some(route)) = (&ctx.config, ctx.route) else {
             return Error::e_explain(ErrorType::InternalError, "no route selected");
         };
-        let addr = cfg.upstream(cfg.routes[route].upstream).pick();
-        let mut peer = HttpPeer::new(addr, false, String::new());
-        peer.options.connection_timeout = Some(UPSTREAM_CONNECT_TIMEOUT);
+        let upstream = cfg.upstream(cfg.routes[route].upstream);
+        let t = upstream.timeouts;
+        let mut peer = HttpPeer::new(upstream.pick(), false, String::new());
+        peer.options.connection_timeout = Some(t.connect);
+        peer.options.total_connection_timeout = Some(t.connect);
+        peer.options.read_timeout = Some(t.read);
+        peer.options.write_timeout = Some(t.write);
+        peer.options.idle_timeout = Some(t.idle);
         Ok(Box::new(peer))
     }
 
@@ -213,10 +292,14 @@ impl ProxyHttp for Gateway {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if self.lifecycle.draining() {
+            // Shutting down: this connection closes after the response.
+            session.set_keepalive(None);
+        }
         if let (Some(cfg), Some((id, d))) = (&ctx.config, &ctx.decisive) {
             headers::apply(cfg, *id, d, ctx.decided_at, upstream_response);
         }
@@ -226,12 +309,43 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
+    /// A body sent without a length (chunked) is cut once it passes `max_body_bytes`: `413`
+    /// if the upstream has not answered yet. The upstream may have seen part of it.
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if let (Some(max), Some(b)) = (ctx.max_body, body.as_ref()) {
+            ctx.body_bytes += b.len() as u64;
+            if ctx.body_bytes > max {
+                return Error::e_explain(
+                    ErrorType::HTTPStatus(413),
+                    "the request body is larger than max_body_bytes",
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// The end of every request, answered or failed, including a client gone mid-request:
     /// give back its concurrency slots and leave the in-flight count. The guards would do the
-    /// same when the context drops; either way it happens exactly once.
-    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+    /// same when the context drops; either way it happens exactly once. The connection now
+    /// waits for its next head at most `server.keepalive_timeout`.
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         ctx.slots = None;
         ctx.in_flight = None;
+        if let Some(conn) = ConnState::of(session) {
+            let keepalive = ctx
+                .config
+                .as_ref()
+                .map_or(crate::config::defaults::KEEPALIVE_TIMEOUT, |c| {
+                    c.http.keepalive_timeout
+                });
+            conn.idle(keepalive);
+        }
     }
 
     /// A client that goes away mid-request (closed, reset, a failed read or write on its side)
@@ -258,7 +372,10 @@ impl ProxyHttp for Gateway {
         let refusal = match e.etype() {
             ErrorType::HTTPStatus(code) => Ok(Refusal::from_status(*code)),
             _ => match e.esource() {
-                ErrorSource::Upstream => Ok(Refusal::UpstreamFailed),
+                ErrorSource::Upstream => Ok(match e.etype() {
+                    ErrorType::ReadTimedout | ErrorType::WriteTimedout => Refusal::UpstreamTimeout,
+                    _ => Refusal::UpstreamFailed,
+                }),
                 ErrorSource::Downstream => match e.etype() {
                     ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => {
                         Err(0)

@@ -27,6 +27,14 @@ pub const RETRY_AFTER_S: u64 = 1;
 /// An answer the gateway makes itself instead of proxying.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
+    /// 400: the head breaks HTTP/1.1 or the path rules (a Host missing, a bad path).
+    BadHead(&'static str),
+    /// 414: the request target is longer than `server.max_uri_bytes`.
+    UriTooLong,
+    /// 431: the request line and headers are larger than `server.max_request_header_bytes`.
+    HeaderTooLarge,
+    /// 413: the body is larger than `max_body_bytes`.
+    BodyTooLarge,
     /// 400 (malformed API key) or 401 (invalid JWT).
     Credentials(IdentityError),
     /// 404: no route matches.
@@ -47,6 +55,8 @@ pub enum Refusal {
     BadRequest,
     /// 502: the upstream could not be reached or failed.
     UpstreamFailed,
+    /// 504: the upstream did not answer within its read (or write) timeout.
+    UpstreamTimeout,
     /// 500: the gateway failed.
     Internal,
     /// Another error status Pingora reported while proxying.
@@ -109,7 +119,9 @@ impl Refusal {
     pub fn from_status(code: u16) -> Refusal {
         match code {
             400 => Refusal::BadRequest,
+            413 => Refusal::BodyTooLarge,
             502 => Refusal::UpstreamFailed,
+            504 => Refusal::UpstreamTimeout,
             500 => Refusal::Internal,
             other => Refusal::Failed(other),
         }
@@ -117,6 +129,10 @@ impl Refusal {
 
     pub fn status(&self) -> u16 {
         match self {
+            Refusal::BadHead(_) => 400,
+            Refusal::UriTooLong => 414,
+            Refusal::HeaderTooLarge => 431,
+            Refusal::BodyTooLarge => 413,
             Refusal::Credentials(IdentityError::InvalidApiKey { .. }) => 400,
             Refusal::Credentials(IdentityError::InvalidToken(_)) => 401,
             Refusal::NoRoute { .. } => 404,
@@ -124,6 +140,7 @@ impl Refusal {
             Refusal::SlotsFull { .. } | Refusal::RateLimited { .. } => 429,
             Refusal::BadRequest => 400,
             Refusal::UpstreamFailed => 502,
+            Refusal::UpstreamTimeout => 504,
             Refusal::Internal => 500,
             Refusal::Failed(code) => *code,
         }
@@ -163,6 +180,12 @@ impl Refusal {
     /// The status line and body, with the content headers.
     fn problem(&self, cfg: &Config) -> (ResponseHeader, Bytes) {
         let body = match self {
+            Refusal::BadHead(detail) => self.plain(detail),
+            Refusal::UriTooLong => self.plain("The request target is longer than this gateway accepts."),
+            Refusal::HeaderTooLarge => {
+                self.plain("The request line and headers are larger than this gateway accepts.")
+            }
+            Refusal::BodyTooLarge => self.plain("The request body is larger than this route accepts."),
             Refusal::Credentials(e) => self.body("about:blank", e.to_string(), NoFields {}),
             Refusal::NoRoute { method, path } => self.body(
                 "about:blank",
@@ -186,6 +209,7 @@ impl Refusal {
             Refusal::UpstreamFailed => {
                 self.plain("The upstream could not be reached or failed to answer.")
             }
+            Refusal::UpstreamTimeout => self.plain("The upstream did not answer in time."),
             Refusal::Internal => self.plain("The gateway failed to handle the request."),
             Refusal::Failed(_) => self.plain("The gateway could not handle the request."),
         };

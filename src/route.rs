@@ -11,7 +11,8 @@ use crate::config::{Config, Route};
 
 /// The index in `cfg.routes` of the route for this request, if any.
 pub fn match_route(cfg: &Config, method: &Method, host: Option<&str>, path: &str) -> Option<usize> {
-    let host = host.map(strip_port);
+    // `Api.Example.com.:8080` is `api.example.com` (compared without case).
+    let host = host.map(|h| crate::path::trim_host_dot(strip_port(h)));
     cfg.routes
         .iter()
         .position(|r| matches(r, method, host, path))
@@ -83,6 +84,10 @@ routes:
         assert_eq!(name(&c, Method::POST, None, "/api/v1/ordersX"), "api");
         assert_eq!(
             name(&c, Method::GET, Some("Admin.Example.com:8080"), "/api/x"),
+            "admin-host"
+        );
+        assert_eq!(
+            name(&c, Method::GET, Some("admin.example.com.:80"), "/api/x"),
             "admin-host"
         );
         assert_eq!(name(&c, Method::GET, None, "/apix"), "default");

@@ -1,21 +1,26 @@
-//! Wiring: build the store, the proxy service, the admin listener and the background tasks
-//! (config reload, memory sweeping) on one Pingora server, and run it.
+//! Wiring: build the store, the proxy service (behind the connection guard), the admin
+//! listener and the background tasks (config reload, memory sweeping) on one Pingora server,
+//! and run it until the shutdown sequence of [`crate::lifecycle`] ends it.
 //!
 //! Phase: startup. Nothing here runs per request.
 
 use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use pingora_core::server::configuration::ServerConf;
-use pingora_core::server::{Server, ShutdownWatch};
+use pingora_core::server::configuration::{Opt, ServerConf};
+use pingora_core::server::{RunArgs, Server, ShutdownWatch};
 use pingora_core::services::background::{background_service, BackgroundService};
 use pingora_core::services::listening::Service;
 
 use crate::admin::Admin;
 use crate::config::reload::ConfigHandle;
+use crate::config::{defaults, ServerSettings};
+use crate::conn::{Connections, Guard};
 use crate::demo::DemoUpstream;
+use crate::lifecycle::{raise_open_files, Lifecycle};
 use crate::limit::{Clock, SystemClock};
 use crate::proxy::Gateway;
 use crate::shed::Shedder;
@@ -37,17 +42,35 @@ pub enum StartError {
     },
 }
 
+/// How to start.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StartOptions {
+    /// Take the listening sockets over from a running gateway (`--upgrade`).
+    pub upgrade: bool,
+}
+
 fn check_bind(addr: SocketAddr, what: &'static str) -> Result<(), StartError> {
     TcpListener::bind(addr)
         .map(drop)
         .map_err(|source| StartError::Listen { addr, what, source })
 }
 
-fn pingora_conf(threads: usize, grace: Duration) -> ServerConf {
+/// The Unix socket an upgrading process takes the listening sockets over through: the
+/// configured one, or one per proxy port, so two gateways on one host never share it.
+pub fn upgrade_sock(s: &ServerSettings) -> PathBuf {
+    s.upgrade_sock.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("tollgate-{}.upgrade.sock", s.listen.port()))
+    })
+}
+
+fn pingora_conf(s: &ServerSettings) -> ServerConf {
     ServerConf {
-        threads,
-        grace_period_seconds: Some(grace.as_secs()),
-        graceful_shutdown_timeout_seconds: Some(grace.as_secs().max(1)),
+        threads: s.threads,
+        // Pingora's grace period is a fixed sleep; the lifecycle exits as soon as the requests
+        // in flight are done, and this is only the backstop (rounded up to whole seconds).
+        grace_period_seconds: Some(s.grace_period.as_secs_f64().ceil() as u64 + 1),
+        graceful_shutdown_timeout_seconds: Some(1),
+        upgrade_sock: upgrade_sock(s).display().to_string(),
         ..ServerConf::default()
     }
 }
@@ -77,65 +100,92 @@ impl BackgroundService for Maintenance {
     }
 }
 
-/// Run the gateway until it is told to stop (SIGINT, SIGTERM).
-pub fn run(config: Arc<ConfigHandle>) -> Result<(), StartError> {
-    let cfg = config.snapshot();
-    let startup = &cfg.startup;
-    check_bind(startup.server.listen, "server.listen")?;
-    check_bind(startup.server.admin_listen, "server.admin_listen")?;
+/// The connection cap: `server.max_connections`, or 90% of the open-file limit.
+fn connection_cap(s: &ServerSettings, open_files: Option<u64>) -> usize {
+    s.max_connections.unwrap_or_else(|| {
+        let files = open_files.unwrap_or(1024) as f64;
+        ((files * defaults::MAX_CONNECTIONS_SHARE) as usize).max(1)
+    })
+}
 
-    let mut server = Server::new_with_opt_and_conf(
-        None,
-        pingora_conf(startup.server.threads, startup.server.grace_period),
-    );
+/// Run the gateway until the shutdown sequence ends it (see [`crate::lifecycle`]).
+pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartError> {
+    let cfg = config.snapshot();
+    let s = &cfg.startup.server;
+    if !opts.upgrade {
+        // An upgrading process takes these sockets over from the running one instead.
+        check_bind(s.listen, "server.listen")?;
+        check_bind(s.admin_listen, "server.admin_listen")?;
+    }
+    let open_files = raise_open_files();
+    let opt = Opt {
+        upgrade: opts.upgrade,
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(Some(opt), pingora_conf(s));
     server.bootstrap();
 
-    let store = Arc::new(Store::new(&startup.store).map_err(StartError::Store)?);
+    let store = Arc::new(Store::new(&cfg.startup.store).map_err(StartError::Store)?);
     let shedder = Arc::new(Shedder::new());
+    let conns = Connections::new(connection_cap(s, open_files), s.header_timeout);
+    let lifecycle = Lifecycle::new(conns.clone(), s.drain_period, s.grace_period);
     let gateway = Gateway {
         config: config.clone(),
         store: store.clone(),
         clock: Arc::new(SystemClock),
         shedder: shedder.clone(),
+        lifecycle: lifecycle.clone(),
     };
-    let mut proxy = pingora_proxy::http_proxy_service_with_name(
-        &server.configuration,
-        gateway,
-        "tollgate proxy",
+    let proxy = pingora_proxy::http_proxy(&server.configuration, gateway);
+    let mut proxy = Service::new(
+        "tollgate proxy".to_string(),
+        Guard::new(proxy, conns.clone()),
     );
-    proxy.add_tcp(&startup.server.listen.to_string());
+    proxy.add_tcp(&s.listen.to_string());
 
-    let mut admin = Service::new(
-        "tollgate admin".to_string(),
-        Admin {
-            config: config.clone(),
-            store: store.clone(),
-            shedder,
-        },
-    );
-    admin.add_tcp(&startup.server.admin_listen.to_string());
+    let admin = Admin {
+        config: config.clone(),
+        store: store.clone(),
+        shedder,
+        conns: conns.clone(),
+        lifecycle: lifecycle.clone(),
+    };
+    let mut admin = Service::new("tollgate admin".to_string(), admin);
+    admin.add_tcp(&s.admin_listen.to_string());
 
     let maintenance = background_service("tollgate maintenance", Maintenance { config, store });
 
     tracing::info!(
-        listen = %startup.server.listen,
-        admin = %startup.server.admin_listen,
+        listen = %s.listen,
+        admin = %s.admin_listen,
         config = %cfg.source,
         routes = cfg.routes.len(),
         limits = cfg.limits.len(),
-        store = %startup.store.backend,
+        store = %cfg.startup.store.backend,
+        max_connections = conns.cap(),
+        upgrade = opts.upgrade,
         "tollgate starting"
     );
     server.add_service(proxy);
     server.add_service(admin);
     server.add_service(maintenance);
-    server.run_forever()
+    lifecycle.exit_when_idle(server.watch_execution_phase());
+    server.run(RunArgs {
+        shutdown_signal: lifecycle.signals(),
+    });
+    Ok(())
 }
 
 /// Run the demo upstream until stopped.
 pub fn run_demo_upstream(listen: SocketAddr) -> Result<(), StartError> {
     check_bind(listen, "--listen")?;
-    let mut server = Server::new_with_opt_and_conf(None, pingora_conf(1, Duration::from_secs(0)));
+    let conf = ServerConf {
+        threads: 1,
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(1),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
     let mut svc = Service::new(
         "tollgate demo upstream".to_string(),

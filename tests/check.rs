@@ -212,6 +212,13 @@ fixtures! {
     critical_is_never_shed => "shedding-critical-threshold.yaml": [
         "shedding.thresholds.critical: unknown field `critical`, expected one of `test`, `get`, `post`",
     ],
+    bad_path_normalization => "bad-path-normalization.yaml": [
+        r#"server.path_normalization: "fix" is not a path normalization mode (normalize, reject)"#,
+    ],
+    bad_upstream_timeouts => "bad-upstream-timeouts.yaml": [
+        "upstreams.backend.timeouts.read: must be greater than zero",
+        r#"upstreams.backend.timeouts.idle: "5x" is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)"#,
+    ],
     shedding_empty_test_traffic => "shedding-empty-test-traffic.yaml": [
         "shedding.test_traffic: set `header`, `api_key_prefix` or both",
     ],

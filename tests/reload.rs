@@ -264,3 +264,67 @@ async fn a_request_in_flight_finishes_on_the_config_it_started_with() {
     assert_policy(&r, "old", 10, 9);
     assert_eq!(up.requests().await, 2);
 }
+
+/// A config file rewritten in place slowly, a byte at a time (as an editor or a copy over a
+/// slow disk might), is never applied half-written: while it changes, every version the
+/// gateway could read differs from one read 200 ms later. Some of those versions are valid
+/// configs without the limit (everything before `limits:`), which would switch it off.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_config_rewritten_in_place_byte_by_byte_is_never_applied_half_written() {
+    clear_of_window_boundary(HOUR, 40).await;
+    let up = Upstream::start().await;
+    let first = config(&up, &[&hourly("hourly", 1000)]);
+    let gw = Gateway::start(&first).await;
+    let c = client();
+    let url = gw.url("/x");
+    assert_policy(&get(&c, &url, &[]).await, "hourly", 1000, 999);
+
+    let next = config(&up, &[&hourly("hourly", 1000), &hourly("tight", 4)]);
+    let path = gw.config_path();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&path).expect("truncate the config in place");
+        for b in next.as_bytes() {
+            f.write_all(&[*b]).expect("write a byte");
+            f.flush().expect("flush");
+            std::thread::sleep(Duration::from_millis(15));
+        }
+    });
+    // While it is being written, every request is still limited by the old config.
+    let mut during = 0;
+    while !writer.is_finished() {
+        let r = get(&c, &url, &[]).await;
+        assert_eq!(r.status, StatusCode::OK, "{r:#?}");
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            format!("\"hourly\";q=1000;w={HOUR}"),
+            "a half-written config was applied"
+        );
+        during += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    writer.join().expect("writer");
+    assert!(during > 20, "only {during} requests while writing");
+    assert_eq!(
+        gw.generation().await,
+        0,
+        "nothing was applied while the file changed"
+    );
+    gw.wait_generation(1, APPLY_WITHIN).await;
+    assert_eq!(
+        gw.generation().await,
+        1,
+        "applied once, when it had settled"
+    );
+    assert_eq!(
+        count(&gw.output(), "config reload rejected"),
+        0,
+        "{}",
+        gw.output()
+    );
+    let r = get(&c, &url, &[]).await;
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        format!("\"tight\";q=4;w={HOUR}")
+    );
+}

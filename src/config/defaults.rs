@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use super::{BreakerSettings, HeaderSettings, KeyPart, OnError};
+use super::{
+    BreakerSettings, EscapedSlashes, HeaderSettings, KeyPart, OnError, PathNormalization,
+    UpstreamTimeouts,
+};
 use crate::limit::Algorithm;
 
 // server
@@ -11,6 +14,26 @@ pub const LISTEN: &str = "0.0.0.0:8080";
 pub const ADMIN_LISTEN: &str = "127.0.0.1:9901";
 /// How long in-flight requests get to finish on shutdown.
 pub const GRACE_PERIOD: Duration = Duration::from_secs(5);
+/// How long the proxy keeps serving, with `Connection: close`, after SIGTERM or SIGINT.
+pub const DRAIN_PERIOD: Duration = Duration::ZERO;
+/// The whole head of every request must arrive within this.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// An idle keep-alive connection is closed after this.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(60);
+/// `max_connections` is this share of the open-file limit (after raising soft to hard).
+pub const MAX_CONNECTIONS_SHARE: f64 = 0.9;
+pub const MAX_REQUEST_HEADER_BYTES: usize = 64 * 1024;
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+pub const PATH_NORMALIZATION: PathNormalization = PathNormalization::Normalize;
+pub const ESCAPED_SLASHES: EscapedSlashes = EscapedSlashes::Keep;
+
+// upstreams
+pub const UPSTREAM_TIMEOUTS: UpstreamTimeouts = UpstreamTimeouts {
+    connect: Duration::from_secs(3),
+    read: Duration::from_secs(60),
+    write: Duration::from_secs(60),
+    idle: Duration::from_secs(90),
+};
 
 // store
 /// Deadline of every store call.

@@ -163,7 +163,7 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
         return Err(errs.finish().expect_err("reported"));
     };
     let s = sections(&mut errs, map, overrides);
-    let server = server::validate(&mut errs, s.server, overrides);
+    let (server, http) = server::validate(&mut errs, s.server, overrides);
     let (store, failure) = store::validate(&mut errs, s.store, overrides);
     let identity = identity::validate(&mut errs, s.identity);
     let shedding = s.shedding.map(|r| shedding::validate(&mut errs, r));
@@ -184,6 +184,7 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
     Ok(Config {
         source: file.to_string(),
         startup: Startup { server, store },
+        http,
         identity,
         limits: b.limits,
         tiers,

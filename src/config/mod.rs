@@ -36,8 +36,8 @@ pub use limits::{
     ConcurrencySpec, KeyPart, Kind, Limit, LimitId, LimitIds, OnError, RateSpec, Spec,
     MAX_KEY_PARTS,
 };
-pub use routes::{Route, RouteId, Upstream, UpstreamId};
-pub use server::ServerSettings;
+pub use routes::{Route, RouteId, Upstream, UpstreamId, UpstreamTimeouts};
+pub use server::{EscapedSlashes, HttpSettings, PathNormalization, ServerSettings};
 pub use shedding::{Priority, Shedding, TestTraffic};
 pub use store::{Backend, BreakerSettings, FailureDefaults, StoreSettings, Topology};
 pub use tiers::{Tier, TierId};
@@ -68,6 +68,16 @@ impl Startup {
             ("server.admin_listen", a.admin_listen != b.admin_listen),
             ("server.threads", a.threads != b.threads),
             ("server.grace_period", a.grace_period != b.grace_period),
+            ("server.drain_period", a.drain_period != b.drain_period),
+            (
+                "server.header_timeout",
+                a.header_timeout != b.header_timeout,
+            ),
+            (
+                "server.max_connections",
+                a.max_connections != b.max_connections,
+            ),
+            ("server.upgrade_sock", a.upgrade_sock != b.upgrade_sock),
             ("store.backend", s.backend != t.backend),
             ("store.url/cluster_nodes/sentinel", s.redis != t.redis),
             ("store.timeout", s.timeout != t.timeout),
@@ -88,6 +98,8 @@ pub struct Config {
     pub source: String,
     /// Read once at start.
     pub startup: Startup,
+    /// The per-request part of `server`.
+    pub http: HttpSettings,
     pub identity: IdentitySettings,
     /// Every limit of both kinds: top-level, tier and route limits. Names are unique.
     pub limits: Vec<Limit>,

@@ -1,6 +1,7 @@
 //! The file format: serde structs that mirror `gateway.yaml` one to one.
 //!
-//! Nothing here is trusted or defaulted; [`super::validate`] turns these into runtime types.
+//! Nothing here is trusted or defaulted; the section files of [`super`] turn these into
+//! runtime types.
 //! Every struct denies unknown keys, so a misspelled `limt:` is an error, not a silently
 //! missing limit.
 
@@ -15,6 +16,23 @@ pub struct Server {
     pub threads: Option<usize>,
     /// How long in-flight requests get to finish on shutdown.
     pub grace_period: Option<String>,
+    /// How long the proxy keeps serving (with `Connection: close`) after SIGTERM/SIGINT.
+    pub drain_period: Option<String>,
+    /// The whole head of every request must arrive within this.
+    pub header_timeout: Option<String>,
+    /// An idle keep-alive connection is closed after this.
+    pub keepalive_timeout: Option<String>,
+    /// Connections the proxy listener holds at most.
+    pub max_connections: Option<usize>,
+    pub max_request_header_bytes: Option<usize>,
+    pub max_uri_bytes: Option<usize>,
+    pub max_body_bytes: Option<u64>,
+    /// `normalize` (default) or `reject`.
+    pub path_normalization: Option<String>,
+    /// `keep` (default) or `reject`.
+    pub escaped_slashes: Option<String>,
+    /// The Unix socket a `--upgrade` process takes the listening sockets over through.
+    pub upgrade_sock: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -106,7 +124,26 @@ pub struct Route {
     pub cost: Option<u64>,
     /// The priority class for load shedding: critical, post, get or test (default: by method).
     pub priority: Option<String>,
+    /// Overrides `server.max_body_bytes` for this route.
+    pub max_body_bytes: Option<u64>,
     pub limits: Option<Vec<serde_yaml::Value>>,
+}
+
+/// An upstream written as a mapping (a plain list is just its servers).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    pub servers: Vec<String>,
+    pub timeouts: Option<Timeouts>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    pub connect: Option<String>,
+    pub read: Option<String>,
+    pub write: Option<String>,
+    pub idle: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,23 +1,29 @@
 //! Hot reload: on SIGHUP, and when the file's contents change, validate the file again and
-//! swap the new [`Config`] in atomically. A request keeps the snapshot it started with; a bad
+//! swap the new [`Config`] in atomically. A change is applied only once the file has settled
+//! (two reads [`SETTLE`] apart agree), so a file rewritten in place is never applied
+//! half-written; write it atomically (write a sibling, rename over it) all the same. A request keeps the snapshot it started with; a bad
 //! file is logged and the last good config keeps serving.
 //!
 //! Phase: a background task, never on the request path. Requests only call
 //! [`ConfigHandle::snapshot`].
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use super::{load, Config, ConfigErrors, Overrides};
+use super::{from_yaml, Config, ConfigErrors, Overrides};
 
 /// How often the file is compared with what was last loaded.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// How often a received SIGHUP is looked for.
 pub const SIGNAL_INTERVAL: Duration = Duration::from_millis(100);
+/// A changed file is applied only when two reads this far apart have the same contents.
+pub const SETTLE: Duration = Duration::from_millis(200);
+/// Reads of a file that keeps changing before a reload gives up (until the next poll).
+pub const SETTLE_ATTEMPTS: usize = 25;
 
 /// The live configuration and where it came from.
 pub struct ConfigHandle {
@@ -59,23 +65,31 @@ impl ConfigHandle {
         self.current.load_full()
     }
 
-    /// Validate the file again and swap it in. On error the current config stays.
-    pub fn reload(&self) -> Result<Arc<Config>, ConfigErrors> {
+    /// Read the file again, once it has settled, validate it and swap it in. On error the
+    /// current config stays.
+    pub async fn reload(&self) -> Result<Arc<Config>, ConfigErrors> {
         let Some(path) = &self.path else {
             return Ok(self.snapshot());
         };
-        if let Ok(bytes) = std::fs::read(path) {
-            self.last_seen
-                .store(content_hash(&bytes), Ordering::Relaxed);
-        }
-        let mut next = load(path, &self.overrides)?;
+        let label = path.display().to_string();
+        let bytes = settled_read(path).await.map_err(|e| {
+            ConfigErrors(vec![format!("{label}: cannot read a settled version: {e}")])
+        })?;
+        self.apply(&label, &bytes)
+    }
+
+    /// Validate `bytes` (the file's contents) and swap them in.
+    fn apply(&self, label: &str, bytes: &[u8]) -> Result<Arc<Config>, ConfigErrors> {
+        self.last_seen.store(content_hash(bytes), Ordering::Relaxed);
+        let text = std::str::from_utf8(bytes)
+            .map_err(|e| ConfigErrors(vec![format!("{label}: not UTF-8: {e}")]))?;
+        let mut next = from_yaml(label, text, &self.overrides)?;
         let old = self.current.load();
         let changed = old.startup.changes(&next.startup);
         if !changed.is_empty() {
             tracing::warn!(
-                "{} changed in {}; these take effect on restart, the running values stay",
+                "{} changed in {label}; these take effect on restart, the running values stay",
                 changed.join(", "),
-                path.display()
             );
         }
         // The snapshot says what is in effect: the settings read at start stay.
@@ -87,18 +101,18 @@ impl ConfigHandle {
     }
 
     /// Reload if the file's contents differ from what was last loaded or rejected.
-    fn reload_if_changed(&self) {
+    async fn reload_if_changed(&self) {
         let Some(path) = &self.path else { return };
         let Ok(bytes) = std::fs::read(path) else {
             return;
         };
         if content_hash(&bytes) != self.last_seen.load(Ordering::Relaxed) {
-            self.reload_logged("file changed");
+            self.reload_logged("file changed").await;
         }
     }
 
-    fn reload_logged(&self, why: &str) {
-        match self.reload() {
+    async fn reload_logged(&self, why: &str) {
+        match self.reload().await {
             Ok(c) => tracing::info!(
                 source = %c.source,
                 routes = c.routes.len(),
@@ -123,14 +137,32 @@ impl ConfigHandle {
                 _ = tick.tick() => {
                     n += 1;
                     if self.hup.swap(false, Ordering::Relaxed) {
-                        self.reload_logged("SIGHUP");
+                        self.reload_logged("SIGHUP").await;
                     } else if n.is_multiple_of(polls_per_check) {
-                        self.reload_if_changed();
+                        self.reload_if_changed().await;
                     }
                 }
             }
         }
     }
+}
+
+/// The file's contents once two reads [`SETTLE`] apart agree: a file written in place is never
+/// applied half-written (nor is a ConfigMap mid-swap). Gives up after [`SETTLE_ATTEMPTS`].
+async fn settled_read(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut first = std::fs::read(path)?;
+    for _ in 0..SETTLE_ATTEMPTS {
+        tokio::time::sleep(SETTLE).await;
+        let second = std::fs::read(path)?;
+        if second == first {
+            return Ok(second);
+        }
+        first = second;
+    }
+    Err(std::io::Error::other(format!(
+        "still changing after {} reads {SETTLE:?} apart",
+        SETTLE_ATTEMPTS + 1
+    )))
 }
 
 fn content_hash(bytes: &[u8]) -> u64 {

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::Method;
 use serde_yaml::Value;
@@ -20,14 +21,29 @@ pub type RouteId = usize;
 pub struct Upstream {
     pub name: String,
     pub servers: Vec<SocketAddr>,
+    pub timeouts: UpstreamTimeouts,
     next: AtomicUsize,
 }
 
+/// How long the gateway waits on an upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamTimeouts {
+    /// To connect (TCP); a connect that fails or times out is answered `502`.
+    pub connect: Duration,
+    /// For each read of the response; a read that times out is answered `504`.
+    pub read: Duration,
+    /// For each write of the request; a write that times out is answered `504`.
+    pub write: Duration,
+    /// How long an idle upstream connection stays in the pool.
+    pub idle: Duration,
+}
+
 impl Upstream {
-    pub fn new(name: String, servers: Vec<SocketAddr>) -> Self {
+    pub fn new(name: String, servers: Vec<SocketAddr>, timeouts: UpstreamTimeouts) -> Self {
         Upstream {
             name,
             servers,
+            timeouts,
             next: AtomicUsize::new(0),
         }
     }
@@ -52,6 +68,8 @@ pub struct Route {
     pub limits: LimitIds,
     /// The priority class set on the route (otherwise it follows the method).
     pub priority: Option<Priority>,
+    /// Overrides `server.max_body_bytes`.
+    pub max_body_bytes: Option<u64>,
 }
 
 /// The methods a route may match.
@@ -79,30 +97,66 @@ fn resolve(s: &str) -> Result<SocketAddr, String> {
     }
 }
 
-/// `upstreams`, with their ids by name.
+/// `upstreams`, with their ids by name. An upstream is a list of servers, or a mapping with
+/// `servers` and `timeouts`.
 pub(super) fn upstreams(
     errs: &mut Errors,
     entries: Vec<(String, Value)>,
 ) -> (Vec<Upstream>, HashMap<String, UpstreamId>) {
     let mut upstreams = Vec::new();
     let mut ids = HashMap::new();
-    for (name, servers) in entries {
+    for (name, value) in entries {
         let path = format!("upstreams.{name}");
-        let servers: Vec<String> = errs.parse(&path, servers).unwrap_or_default();
+        let mapping = matches!(value, Value::Mapping(_));
+        let (servers, timeouts) = if mapping {
+            match errs.parse::<raw::Upstream>(&path, value) {
+                Some(u) => (
+                    u.servers,
+                    timeouts(errs, &path, u.timeouts.unwrap_or_default()),
+                ),
+                None => (Vec::new(), defaults::UPSTREAM_TIMEOUTS),
+            }
+        } else {
+            let servers = errs.parse(&path, value).unwrap_or_default();
+            (servers, defaults::UPSTREAM_TIMEOUTS)
+        };
+        let list = if mapping {
+            format!("{path}.servers")
+        } else {
+            path.clone()
+        };
         if servers.is_empty() {
-            errs.at(&path, "needs at least one server (host:port)");
+            errs.at(&list, "needs at least one server (host:port)");
         }
         let mut addrs = Vec::new();
         for (i, s) in servers.iter().enumerate() {
             match resolve(s) {
                 Ok(a) => addrs.push(a),
-                Err(e) => errs.at(&format!("{path}[{i}]"), e),
+                Err(e) => errs.at(&format!("{list}[{i}]"), e),
             }
         }
         ids.insert(name.clone(), upstreams.len());
-        upstreams.push(Upstream::new(name, addrs));
+        upstreams.push(Upstream::new(name, addrs, timeouts));
     }
     (upstreams, ids)
+}
+
+fn timeouts(errs: &mut Errors, path: &str, t: raw::Timeouts) -> UpstreamTimeouts {
+    let d = defaults::UPSTREAM_TIMEOUTS;
+    let mut one = |field: &str, v: Option<String>, default: Duration| {
+        let p = format!("{path}.timeouts.{field}");
+        let got = v.and_then(|s| errs.duration(&p, &s)).unwrap_or(default);
+        if got.is_zero() {
+            errs.at(&p, "must be greater than zero");
+        }
+        got
+    };
+    UpstreamTimeouts {
+        connect: one("connect", t.connect, d.connect),
+        read: one("read", t.read, d.read),
+        write: one("write", t.write, d.write),
+        idle: one("idle", t.idle, d.idle),
+    }
 }
 
 fn methods(errs: &mut Errors, path: &str, ms: &[String]) -> Vec<Method> {
@@ -178,6 +232,7 @@ pub(super) fn route(
         cost,
         limits: LimitIds::default(),
         priority,
+        max_body_bytes: r.max_body_bytes,
     }
 }
 

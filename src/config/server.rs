@@ -1,18 +1,64 @@
-//! `server`: the listeners, worker threads and shutdown grace. Read once at start.
+//! `server`: what is read once at start ([`ServerSettings`]: listeners, threads, connection
+//! limits, shutdown) and what every request reads from its snapshot and a reload changes
+//! ([`HttpSettings`]: keep-alive, head, URI and body size limits, path normalization).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use super::errors::Errors;
+use super::errors::{words, Errors};
 use super::{defaults, raw, Overrides};
 
-/// `server`: read at start; a reload that changes it is logged and applied on restart.
+/// `server`, as read at start: a reload that changes it is logged and applied on restart.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerSettings {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub threads: usize,
+    /// In-flight requests get this long to finish on shutdown.
     pub grace_period: Duration,
+    /// After SIGTERM or SIGINT, the proxy keeps serving this long with `Connection: close`.
+    pub drain_period: Duration,
+    /// The whole head of every request must arrive within this.
+    pub header_timeout: Duration,
+    /// Connections the proxy listener holds at most; `None`: 90% of the open-file limit.
+    pub max_connections: Option<usize>,
+    /// Where a `--upgrade` process takes the listening sockets over; `None`: derived from the
+    /// proxy port.
+    pub upgrade_sock: Option<PathBuf>,
+}
+
+words! {
+    /// `server.path_normalization`.
+    pub enum PathNormalization ("a path normalization mode") {
+        /// Route on the normal form and forward it.
+        Normalize = "normalize",
+        /// Answer 400 to a path that is not already normal.
+        Reject = "reject",
+    }
+}
+
+words! {
+    /// `server.escaped_slashes`: what to do with `%2F` and `%5C` in a path.
+    pub enum EscapedSlashes ("an escaped-slash mode") {
+        Keep = "keep",
+        Reject = "reject",
+    }
+}
+
+/// The per-request part of `server`, applied by a reload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpSettings {
+    /// An idle keep-alive connection is closed after this (set after every request head).
+    pub keepalive_timeout: Duration,
+    /// Request line and headers, in bytes: more is answered `431`.
+    pub max_request_header_bytes: usize,
+    /// The request target, in bytes: more is answered `414`.
+    pub max_uri_bytes: usize,
+    /// Request bodies, in bytes (`None`: unlimited); routes may set their own.
+    pub max_body_bytes: Option<u64>,
+    pub path_normalization: PathNormalization,
+    pub escaped_slashes: EscapedSlashes,
 }
 
 fn socket_addr(errs: &mut Errors, path: &str, s: &str) -> SocketAddr {
@@ -38,7 +84,17 @@ fn chosen<'a>(
     }
 }
 
-pub(super) fn validate(errs: &mut Errors, r: raw::Server, o: &Overrides) -> ServerSettings {
+fn duration_or(errs: &mut Errors, path: &str, v: &Option<String>, default: Duration) -> Duration {
+    v.as_deref()
+        .and_then(|s| errs.duration(path, s))
+        .unwrap_or(default)
+}
+
+pub(super) fn validate(
+    errs: &mut Errors,
+    r: raw::Server,
+    o: &Overrides,
+) -> (ServerSettings, HttpSettings) {
     let (listen, listen_path) = chosen(
         &o.listen,
         "--listen",
@@ -57,14 +113,84 @@ pub(super) fn validate(errs: &mut Errors, r: raw::Server, o: &Overrides) -> Serv
         Some(n) => errs.at_least_one("server.threads", n, 1),
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let grace_period = r
-        .grace_period
-        .and_then(|g| errs.duration("server.grace_period", &g))
-        .unwrap_or(defaults::GRACE_PERIOD);
-    ServerSettings {
+    let grace_period = duration_or(
+        errs,
+        "server.grace_period",
+        &r.grace_period,
+        defaults::GRACE_PERIOD,
+    );
+    let drain_period = duration_or(
+        errs,
+        "server.drain_period",
+        &r.drain_period,
+        defaults::DRAIN_PERIOD,
+    );
+    let header_timeout = duration_or(
+        errs,
+        "server.header_timeout",
+        &r.header_timeout,
+        defaults::HEADER_TIMEOUT,
+    );
+    if header_timeout.is_zero() {
+        errs.at("server.header_timeout", "must be greater than zero");
+    }
+    let max_connections = r
+        .max_connections
+        .map(|n| errs.at_least_one("server.max_connections", n, 1));
+    let upgrade_sock = r.upgrade_sock.as_deref().map(PathBuf::from);
+    if upgrade_sock.as_ref().is_some_and(|p| !p.is_absolute()) {
+        errs.at("server.upgrade_sock", "must be an absolute path");
+    }
+    let http = http_settings(errs, &r);
+    let server = ServerSettings {
         listen: socket_addr(errs, listen_path, listen),
         admin_listen: socket_addr(errs, admin_path, admin),
         threads,
         grace_period,
+        drain_period,
+        header_timeout,
+        max_connections,
+        upgrade_sock,
+    };
+    (server, http)
+}
+
+fn http_settings(errs: &mut Errors, r: &raw::Server) -> HttpSettings {
+    let keepalive_timeout = duration_or(
+        errs,
+        "server.keepalive_timeout",
+        &r.keepalive_timeout,
+        defaults::KEEPALIVE_TIMEOUT,
+    );
+    let max_request_header_bytes =
+        r.max_request_header_bytes
+            .map_or(defaults::MAX_REQUEST_HEADER_BYTES, |n| {
+                errs.at_least_one(
+                    "server.max_request_header_bytes",
+                    n,
+                    defaults::MAX_REQUEST_HEADER_BYTES,
+                )
+            });
+    let max_uri_bytes = r.max_uri_bytes.map_or(defaults::MAX_URI_BYTES, |n| {
+        errs.at_least_one("server.max_uri_bytes", n, defaults::MAX_URI_BYTES)
+    });
+    let max_body_bytes = r.max_body_bytes;
+    let path_normalization = r
+        .path_normalization
+        .as_deref()
+        .and_then(|s| errs.word("server.path_normalization", s))
+        .unwrap_or(defaults::PATH_NORMALIZATION);
+    let escaped_slashes = r
+        .escaped_slashes
+        .as_deref()
+        .and_then(|s| errs.word("server.escaped_slashes", s))
+        .unwrap_or(defaults::ESCAPED_SLASHES);
+    HttpSettings {
+        keepalive_timeout,
+        max_request_header_bytes,
+        max_uri_bytes,
+        max_body_bytes,
+        path_normalization,
+        escaped_slashes,
     }
 }

@@ -57,7 +57,27 @@ impl Gateway {
         Gateway::launch(format!("gateway {name}"), yaml, args, env).await
     }
 
+    /// [`Gateway::start_named`] run by a wrapper command, e.g. `prlimit --nofile=1024:4096 --`.
+    pub async fn start_under(
+        wrapper: &[&str],
+        name: &str,
+        yaml: &str,
+        env: &[(&str, &str)],
+    ) -> Gateway {
+        Gateway::launch_under(wrapper, format!("gateway {name}"), yaml, &[], env).await
+    }
+
     async fn launch(name: String, yaml: &str, extra: &[&str], env: &[(&str, &str)]) -> Gateway {
+        Gateway::launch_under(&[], name, yaml, extra, env).await
+    }
+
+    async fn launch_under(
+        wrapper: &[&str],
+        name: String,
+        yaml: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Gateway {
         let client = client_builder()
             .timeout(Duration::from_secs(2))
             .build()
@@ -76,7 +96,7 @@ impl Gateway {
                 admin.to_string(),
             ];
             args.extend(extra.iter().map(|a| a.to_string()));
-            let mut proc = Proc::tollgate(name, &args, env);
+            let mut proc = Proc::tollgate_under(wrapper, name, &args, env);
             let healthz = format!("http://{admin}/healthz");
             proc.wait_ready(|| {
                 let healthz = &healthz;

@@ -83,7 +83,24 @@ impl Proc {
     /// `tollgate <args>` with plain-text logs and no proxy settings or config from the
     /// environment, plus `env`.
     pub fn tollgate(name: &str, args: &[String], env: &[(&str, &str)]) -> Proc {
-        let mut cmd = Command::new(BIN);
+        Proc::tollgate_under(&[], name, args, env)
+    }
+
+    /// [`Proc::tollgate`] run by a wrapper command (`["prlimit", "--nofile=1024:4096", "--"]`).
+    pub fn tollgate_under(
+        wrapper: &[&str],
+        name: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Proc {
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
         cmd.args(args)
             .env("NO_COLOR", "1")
             .env_remove("RUST_LOG")

@@ -102,6 +102,14 @@ impl RawConn {
         }
     }
 
+    /// A connection already made.
+    pub fn from_stream(stream: tokio::net::TcpStream) -> RawConn {
+        RawConn {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
     pub async fn send(&mut self, request: &[u8]) -> std::io::Result<()> {
         self.stream.write_all(request).await
     }
@@ -126,6 +134,41 @@ impl RawConn {
                 Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
             }
         }
+    }
+
+    /// Wait until the peer closes (or resets) the connection, at most `within`: how long that
+    /// took and how many bytes arrived meanwhile (kept for [`RawConn::read_response`]), or
+    /// `None` if it stayed open.
+    pub async fn wait_closed(&mut self, within: Duration) -> Option<(Duration, usize)> {
+        let start = Instant::now();
+        let mut received = 0;
+        loop {
+            let left = within.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return None;
+            }
+            let mut chunk = [0u8; 8192];
+            match tokio::time::timeout(left, self.stream.read(&mut chunk)).await {
+                Err(_) => return None,
+                Ok(Ok(0)) | Ok(Err(_)) => return Some((start.elapsed(), received)),
+                Ok(Ok(n)) => {
+                    received += n;
+                    self.buf.extend_from_slice(&chunk[..n]);
+                }
+            }
+        }
+    }
+
+    /// Write `bytes` one at a time, `every` apart, until they are all sent or a write fails
+    /// (the peer closed): how many were sent.
+    pub async fn trickle(&mut self, bytes: &[u8], every: Duration) -> usize {
+        for (i, b) in bytes.iter().enumerate() {
+            if self.stream.write_all(&[*b]).await.is_err() {
+                return i;
+            }
+            tokio::time::sleep(every).await;
+        }
+        bytes.len()
     }
 
     /// The first complete response in the buffer, removed from it.

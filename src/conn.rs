@@ -1,0 +1,451 @@
+//! Downstream connections of the proxy listener. Pingora 0.9 reads request heads with
+//! per-read timeouts only, and keeps a reused keep-alive connection waiting for its next head
+//! with none at all. This module wraps every connection to bound what Pingora leaves open:
+//!
+//! - **the whole head** of every request, first or reused, must arrive within
+//!   `server.header_timeout`, whatever the pace of its bytes (a head trickled a byte at a time
+//!   is cut); a connection that sends nothing is cut at the same deadline;
+//! - **an idle keep-alive connection** is closed after `server.keepalive_timeout`, measured
+//!   from the end of its last request, whatever the client's `Keep-Alive: timeout=` says;
+//! - **at most `server.max_connections`** connections: at the cap the oldest idle keep-alive
+//!   connection is closed to make room, and only when none is idle is a new one refused;
+//! - **draining**: at shutdown every idle connection is closed at once.
+//!
+//! It also counts the requests in flight (a head arriving, or a request in progress), which the
+//! shutdown waits for.
+//!
+//! [`Guard`] is a Pingora `ServerApp` around the HTTP proxy; [`Tracked`] wraps the byte stream
+//! and applies the deadlines in `poll_read`. The proxy's hooks reach a connection's state with
+//! [`ConnState::of`]: `early_request_filter` marks it busy, `logging` idle.
+//!
+//! Phase: connection, before, between and after requests. The per-request cost is two atomic
+//! stores; the registry's mutex is taken on connect and close only, and scanned only at the cap.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use pingora_core::apps::ServerApp;
+use pingora_core::protocols::raw_connect::ProxyDigest;
+use pingora_core::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
+    TimingDigest, UniqueID, UniqueIDType,
+};
+use pingora_core::server::ShutdownWatch;
+use pingora_proxy::Session;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+/// Accepted; no byte of a head yet.
+const FRESH: u8 = 0;
+/// A head is arriving.
+const HEAD: u8 = 1;
+/// A request is in progress (its head was read).
+const BUSY: u8 = 2;
+/// Between requests.
+const IDLE: u8 = 3;
+/// Closed by the gateway: reads see the end of the stream.
+const KILLED: u8 = 4;
+
+fn in_flight(phase: u8) -> bool {
+    phase == HEAD || phase == BUSY
+}
+
+/// Counters for `/stats`.
+#[derive(Debug, Default)]
+pub struct ConnStats {
+    pub accepted: AtomicU64,
+    /// New connections refused at the cap with no idle one to close.
+    pub refused: AtomicU64,
+    /// Idle keep-alive connections closed to make room at the cap.
+    pub evicted_idle: AtomicU64,
+    /// Connections cut because a head did not arrive within `header_timeout`.
+    pub head_timeouts: AtomicU64,
+    /// Idle keep-alive connections closed after `keepalive_timeout`.
+    pub idle_timeouts: AtomicU64,
+}
+
+/// Every connection of the proxy listener.
+#[derive(Debug)]
+pub struct Connections {
+    cap: usize,
+    header_timeout: Duration,
+    origin: Instant,
+    open: AtomicUsize,
+    /// Requests in flight: a head arriving, or a request in progress.
+    active: AtomicUsize,
+    next_id: AtomicU64,
+    live: Mutex<HashMap<u64, Weak<ConnState>>>,
+    pub stats: ConnStats,
+}
+
+/// One connection's phase and deadline.
+#[derive(Debug)]
+pub struct ConnState {
+    id: u64,
+    table: Arc<Connections>,
+    phase: AtomicU8,
+    /// ms since the table's origin; 0: none.
+    deadline_ms: AtomicU64,
+    idle_since_ms: AtomicU64,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl Connections {
+    /// At most `cap` connections; every head within `header_timeout`.
+    pub fn new(cap: usize, header_timeout: Duration) -> Arc<Connections> {
+        Arc::new(Connections {
+            cap: cap.max(1),
+            header_timeout,
+            origin: Instant::now(),
+            open: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+            live: Mutex::new(HashMap::new()),
+            stats: ConnStats::default(),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Requests in flight now, heads still arriving included.
+    pub fn in_flight(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Register a new connection, closing the oldest idle one at the cap; `None`: refused.
+    fn admit(self: &Arc<Self>) -> Option<Arc<ConnState>> {
+        if self.open.fetch_add(1, Ordering::AcqRel) >= self.cap && !self.evict_oldest_idle() {
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            self.stats.refused.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+        let state = Arc::new(ConnState {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            table: self.clone(),
+            phase: AtomicU8::new(FRESH),
+            deadline_ms: AtomicU64::new(self.now_ms() + self.header_timeout.as_millis() as u64),
+            idle_since_ms: AtomicU64::new(0),
+            waker: Mutex::new(None),
+        });
+        self.live.lock().insert(state.id, Arc::downgrade(&state));
+        Some(state)
+    }
+
+    fn close(&self, state: &ConnState) {
+        state.set_phase(KILLED);
+        self.live.lock().remove(&state.id);
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn idle_connections(&self) -> Vec<Arc<ConnState>> {
+        self.live
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .filter(|c| c.phase.load(Ordering::Acquire) == IDLE)
+            .collect()
+    }
+
+    fn evict_oldest_idle(&self) -> bool {
+        let mut idle = self.idle_connections();
+        idle.sort_by_key(|c| c.idle_since_ms.load(Ordering::Relaxed));
+        let evicted = idle.iter().any(|c| c.kill());
+        if evicted {
+            self.stats.evicted_idle.fetch_add(1, Ordering::Relaxed);
+        }
+        evicted
+    }
+
+    /// Close every idle keep-alive connection now (the gateway is draining).
+    pub fn close_idle(&self) -> usize {
+        self.idle_connections().iter().filter(|c| c.kill()).count()
+    }
+
+    /// Counters for `/stats`.
+    pub fn stats_json(&self) -> serde_json::Value {
+        let s = &self.stats;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "open": self.open(),
+            "max": self.cap,
+            "requests_in_flight": self.in_flight(),
+            "accepted": n(&s.accepted),
+            "refused_at_cap": n(&s.refused),
+            "idle_closed_at_cap": n(&s.evicted_idle),
+            "head_timeouts": n(&s.head_timeouts),
+            "idle_timeouts": n(&s.idle_timeouts),
+        })
+    }
+}
+
+impl ConnState {
+    /// The state of the connection a request arrived on.
+    pub fn of(session: &Session) -> Option<&Arc<ConnState>> {
+        let stream = session.stream()?;
+        stream.as_any().downcast_ref::<Tracked>().map(|t| &t.state)
+    }
+
+    fn set_phase(&self, to: u8) -> u8 {
+        let from = self.phase.swap(to, Ordering::AcqRel);
+        self.count(from, to);
+        from
+    }
+
+    fn count(&self, from: u8, to: u8) {
+        match (in_flight(from), in_flight(to)) {
+            (false, true) => self.table.active.fetch_add(1, Ordering::AcqRel),
+            (true, false) => self.table.active.fetch_sub(1, Ordering::AcqRel),
+            _ => 0,
+        };
+    }
+
+    /// The request's head is read: no deadline while it is in progress.
+    pub fn busy(&self) {
+        self.deadline_ms.store(0, Ordering::Release);
+        if self.phase.load(Ordering::Acquire) != KILLED {
+            self.set_phase(BUSY);
+        }
+    }
+
+    /// The request ended: the connection may wait `keepalive` for its next head.
+    pub fn idle(&self, keepalive: Duration) {
+        let now = self.table.now_ms();
+        self.idle_since_ms.store(now, Ordering::Relaxed);
+        self.deadline_ms
+            .store(now + keepalive.as_millis() as u64, Ordering::Release);
+        if self.phase.load(Ordering::Acquire) != KILLED {
+            self.set_phase(IDLE);
+        }
+    }
+
+    /// Close the connection if it is idle: its next read sees the end of the stream.
+    fn kill(&self) -> bool {
+        let killed = self
+            .phase
+            .compare_exchange(IDLE, KILLED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if killed {
+            if let Some(w) = self.waker.lock().take() {
+                w.wake();
+            }
+        }
+        killed
+    }
+
+    /// The first byte of a head arrived: the head's deadline starts (for a fresh connection
+    /// it started at accept).
+    fn head_started(&self) {
+        let from = self.phase.load(Ordering::Acquire);
+        if from == IDLE {
+            let d = self.table.now_ms() + self.table.header_timeout.as_millis() as u64;
+            self.deadline_ms.store(d, Ordering::Release);
+        }
+        let moved = (from == IDLE || from == FRESH)
+            && self
+                .phase
+                .compare_exchange(from, HEAD, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        if moved {
+            self.count(from, HEAD);
+        }
+    }
+}
+
+/// The proxy's `ServerApp`, with every connection tracked.
+pub struct Guard<A> {
+    inner: Arc<A>,
+    table: Arc<Connections>,
+}
+
+impl<A> Guard<A> {
+    pub fn new(inner: A, table: Arc<Connections>) -> Guard<A> {
+        Guard {
+            inner: Arc::new(inner),
+            table,
+        }
+    }
+}
+
+#[async_trait]
+impl<A: ServerApp + Send + Sync + 'static> ServerApp for Guard<A> {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        // A stream handed back for another round is already tracked.
+        if stream.as_any().is::<Tracked>() {
+            return self.inner.process_new(stream, shutdown).await;
+        }
+        let state = self.table.admit()?;
+        let tracked: Stream = Box::new(Tracked::new(stream, state.clone()));
+        let again = self.inner.process_new(tracked, shutdown).await;
+        if again.is_none() {
+            self.table.close(&state);
+        }
+        again
+    }
+
+    async fn cleanup(&self) {
+        self.inner.cleanup().await
+    }
+}
+
+/// The downstream byte stream with the connection's deadlines.
+#[derive(Debug)]
+pub struct Tracked {
+    inner: Stream,
+    state: Arc<ConnState>,
+    sleep: Option<Pin<Box<Sleep>>>,
+    armed_for: u64,
+}
+
+impl Tracked {
+    fn new(inner: Stream, state: Arc<ConnState>) -> Tracked {
+        Tracked {
+            inner,
+            state,
+            sleep: None,
+            armed_for: 0,
+        }
+    }
+
+    /// Whether the deadline (ms since the origin) has passed; arms the timer that wakes the
+    /// read when it does.
+    fn deadline_passed(&mut self, cx: &mut Context<'_>, deadline_ms: u64) -> bool {
+        let at = self.state.table.origin + Duration::from_millis(deadline_ms.saturating_sub(1));
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        if self.armed_for != deadline_ms {
+            sleep.as_mut().reset(at);
+            self.armed_for = deadline_ms;
+        }
+        sleep.as_mut().poll(cx).is_ready()
+    }
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let phase = this.state.phase.load(Ordering::Acquire);
+        match phase {
+            BUSY => return Pin::new(&mut *this.inner).poll_read(cx, buf),
+            KILLED => return Poll::Ready(Ok(())),
+            _ => {}
+        }
+        let deadline = this.state.deadline_ms.load(Ordering::Acquire);
+        if deadline != 0 && this.deadline_passed(cx, deadline) {
+            let stats = &this.state.table.stats;
+            if phase == IDLE {
+                stats.idle_timeouts.fetch_add(1, Ordering::Relaxed);
+                this.state.kill();
+                return Poll::Ready(Ok(()));
+            }
+            stats.head_timeouts.fetch_add(1, Ordering::Relaxed);
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the request head did not arrive within server.header_timeout",
+            )));
+        }
+        if phase == IDLE {
+            *this.state.waker.lock() = Some(cx.waker().clone());
+        }
+        let before = buf.filled().len();
+        let read = Pin::new(&mut *this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.state.head_started();
+        }
+        read
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.get_mut().inner).poll_write(cx, b)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get_mut().inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[async_trait]
+impl Shutdown for Tracked {
+    async fn shutdown(&mut self) {
+        Shutdown::shutdown(&mut *self.inner).await
+    }
+}
+
+impl UniqueID for Tracked {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for Tracked {}
+
+impl GetTimingDigest for Tracked {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+}
+
+impl GetProxyDigest for Tracked {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+}
+
+impl GetSocketDigest for Tracked {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+}
+
+#[async_trait]
+impl Peek for Tracked {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        self.inner.try_peek(buf).await
+    }
+}
