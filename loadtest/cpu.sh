@@ -22,21 +22,14 @@ shift $((OPTIND - 1))
 for t in nginx wrk taskset python3; do
   command -v $t >/dev/null || { echo "needs $t: apt-get install -y nginx wrk util-linux python3" >&2; exit 1; }
 done
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+source loadtest/bench_lib.sh
 dir=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
 
 up=$(free_port)
-mkdir -p "$dir/logs"
-cat > "$dir/upstream.conf" <<CONF
-worker_processes 1; daemon off; pid $dir/up.pid; error_log $dir/logs/up.err;
-events { worker_connections 4096; }
-http { access_log off;
-  server { listen 127.0.0.1:$up; keepalive_requests 1000000; location / { return 200 "ok"; } } }
-CONF
-taskset -c 1 nginx -p "$dir" -c "$dir/upstream.conf" & pids+=($!)
+upstream_nginx "$up" "$dir"
 
 labels=() ports=() gpids=()
 for row in "$@"; do
@@ -49,24 +42,8 @@ for row in "$@"; do
 done
 sleep 2
 
-# CPU ticks (user, system) of every thread of a process.
-ticks() { cat /proc/"$1"/task/*/stat 2>/dev/null | sed 's/.*) //' | awk '{u += $12; s += $13} END {print u, s}'; }
-hz=$(getconf CLK_TCK)
-
-measure() { # index -> "rps user_us sys_us"
-  local i=$1 pid=${gpids[$1]} port=${ports[$1]} before after out reqs
-  taskset -c 1 wrk -t1 -c "$conns" -d 2s "http://127.0.0.1:$port/" >/dev/null   # warm-up
-  before=$(ticks "$pid")
-  out=$(taskset -c 1 wrk -t1 -c "$conns" -d "${secs}s" --latency "http://127.0.0.1:$port/")
-  after=$(ticks "$pid")
-  reqs=$(echo "$out" | awk '/requests in/ {print $1}')
-  echo "$out" | grep -q 'Non-2xx' && { echo "row ${labels[$i]}: non-2xx answers:" >&2; echo "$out" >&2; exit 1; }
-  python3 - "$before" "$after" "$reqs" "$secs" "$hz" <<'PY'
-import sys
-b, a, reqs, secs, hz = sys.argv[1].split(), sys.argv[2].split(), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
-us = 1e6 / hz
-print(f"{reqs / secs:.0f} {(int(a[0]) - int(b[0])) * us / reqs:.2f} {(int(a[1]) - int(b[1])) * us / reqs:.2f}")
-PY
+measure_row() { # index -> "rps user_us sys_us"
+  measure "${gpids[$1]}" "${ports[$1]}" "$secs" "$conns" | awk '{print $1, $4, $5}'
 }
 
 n=${#labels[@]}
@@ -74,7 +51,7 @@ for r in $(seq "$rounds"); do
   order=$(seq 0 $((n - 1)))
   [ $((r % 2)) -eq 0 ] && order=$(seq $((n - 1)) -1 0)   # A-B, then B-A
   for i in $order; do
-    echo "${labels[$i]} $(measure "$i")" >> "$dir/results"
+    echo "${labels[$i]} $(measure_row "$i")" >> "$dir/results"
     echo "round $r: ${labels[$i]} done" >&2
   done
 done

@@ -1,81 +1,164 @@
 #!/usr/bin/env bash
-# Whole-system throughput: tollgate (no limits, one limit on the memory store, the same limit
-# on Redis) against NGINX as a reverse
-# proxy, in the same run, same layout: the proxy under test pinned to core 0, the upstream
-# (NGINX `return 200`) and wrk on core 1. Every process is started here on free loopback ports
-# and stopped at the end. Prints req/s, p99 and the ratio to NGINX.
-# Usage: loadtest/proxy.sh [seconds] [connections]     (needs nginx, wrk, redis-server)
+# Whole-system cost of a proxied request: tollgate against NGINX, HAProxy and a bare Pingora
+# proxy built from this repo (the framework's floor), in the same run and the same layout:
+# every proxy pinned to core 0; wrk, the upstream (NGINX `return 200`) and Redis on core 1.
+# Each proxy runs THREADS workers (default 1). Every process is started here on free loopback
+# ports and stopped at the end.
+#
+# Per proxy it reports req/s, p50/p99 latency and the CPU time per request: user and system
+# time of every thread of the proxy's processes (/proc/PID/task/*/stat) divided by the
+# requests served in the same interval. Rows run in interleaved rounds (A-B-...-B-A), and each
+# figure is the median of ROUNDS rounds. Then a fixed-rate run at half of the slowest row's
+# peak reports p50/p99/p99.9 latency of each proxy at the same offered load (oha).
+#
+# Rows (ROWS to pick; all by default):
+#   nginx       NGINX reverse proxy + limit_req with a zone that never denies, upstream keepalive
+#   haproxy     HAProxy + a stick-table request-rate rule that never denies
+#   bare        examples/bare_pingora: Pingora ProxyHttp, no filters (the floor)
+#   nolimits    tollgate, one route, no limits
+#   memory      tollgate, one per-IP sliding_window limit on the memory store (never denies)
+#   redis       the same limit on the Redis store (Redis on core 1)
+#   accesslog   tollgate, no limits, JSON access log to a file (when the build has one)
+# Access logs are off everywhere else (NGINX `access_log off`); tollgate's metrics are on.
+#
+# Usage: loadtest/proxy.sh [-s SECONDS] [-c CONNECTIONS] [-r ROUNDS] [-t THREADS]
+#        ROWS="bare nolimits" loadtest/proxy.sh ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
-secs=${1:-10}
-conns=${2:-50}
-for t in nginx wrk redis-server taskset; do
-  command -v $t >/dev/null || { echo "needs $t: apt-get install -y nginx wrk redis-server util-linux" >&2; exit 1; }
+secs=10 conns=50 rounds=3 threads=1
+while getopts s:c:r:t: o; do
+  case $o in s) secs=$OPTARG ;; c) conns=$OPTARG ;; r) rounds=$OPTARG ;; t) threads=$OPTARG ;; *) exit 2 ;; esac
 done
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+rows=(${ROWS:-nginx haproxy bare nolimits memory redis accesslog})
+source loadtest/bench_lib.sh
+need nginx nginx; need wrk wrk; need haproxy haproxy; need redis-server redis-server
+need taskset util-linux; need python3 python3
 dir=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
 
-cargo build --release --quiet
+cargo build --release --quiet --bin tollgate --example bare_pingora
 bin=target/release/tollgate
-up=$(free_port); ngx=$(free_port); gw=$(free_port); gwr=$(free_port); gwn=$(free_port); rp=$(free_port)
-
-mkdir -p "$dir/logs"
-cat > "$dir/upstream.conf" <<CONF
-worker_processes 1; daemon off; pid $dir/up.pid; error_log $dir/logs/up.err;
-events { worker_connections 4096; }
-http { access_log off;
-  server { listen 127.0.0.1:$up; keepalive_requests 100000; location / { return 200 "ok"; } } }
-CONF
-cat > "$dir/proxy.conf" <<CONF
-worker_processes 1; daemon off; pid $dir/px.pid; error_log $dir/logs/px.err;
-events { worker_connections 4096; }
-http { access_log off;
-  upstream up { server 127.0.0.1:$up; keepalive 64; }
-  server { listen 127.0.0.1:$ngx; keepalive_requests 100000;
-    location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
-CONF
-cat > "$dir/gateway.yaml" <<CONF
-server: { threads: 1 }
-upstreams: { up: ["127.0.0.1:$up"] }
-routes: [ { name: all, match: { path_prefix: / }, upstream: up } ]
-limits:
-  - { name: per-ip, key: [client_ip], limit: 1000000000, window: 1m }
-CONF
-cat > "$dir/nolimits.yaml" <<CONF
-server: { threads: 1 }
-upstreams: { up: ["127.0.0.1:$up"] }
-routes: [ { name: all, match: { path_prefix: / }, upstream: up } ]
-CONF
-taskset -c 1 nginx -p "$dir" -c "$dir/upstream.conf" & pids+=($!)
-taskset -c 0 nginx -p "$dir" -c "$dir/proxy.conf" & pids+=($!)
-taskset -c 0 "$bin" -c "$dir/gateway.yaml" --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/gw.log" & pids+=($!)
-taskset -c 0 "$bin" -c "$dir/nolimits.yaml" --listen "127.0.0.1:$gwn" --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/gwn.log" & pids+=($!)
+up=$(free_port)
+upstream_nginx "$up" "$dir"
+rp=$(free_port)
 taskset -c 1 redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null & pids+=($!)
-sleep 1
-taskset -c 0 "$bin" -c "$dir/gateway.yaml" --listen "127.0.0.1:$gwr" --admin-listen "127.0.0.1:$(free_port)" --redis-url "redis://127.0.0.1:$rp" 2>"$dir/gwr.log" & pids+=($!)
-sleep 1.5
 
-run() { # name port
-  local out rps p99
-  out=$(taskset -c 1 wrk -t 1 -c "$conns" -d "${secs}s" --latency "http://127.0.0.1:$2/" 2>&1)
-  rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
-  p99=$(echo "$out" | awk '$1=="99%" {print $2}')
-  non2xx=$(echo "$out" | awk '/Non-2xx/ {print $4}')
-  echo "$1 $rps $p99 ${non2xx:-0}"
+gateway_yaml() { # limit-line extra
+  printf 'server: { threads: %s }\nupstreams: { up: ["127.0.0.1:%s"] }\nroutes: [ { name: all, match: { path_prefix: / }, upstream: up } ]\n%s\n%s\n' \
+    "$threads" "$up" "$1" "$2"
 }
-taskset -c 1 wrk -t 1 -c "$conns" -d 2s "http://127.0.0.1:$gw/" >/dev/null   # warm-up
-res_ngx=$(run nginx-proxy "$ngx")
-res_gwn=$(run tollgate-nolimits "$gwn")
-res_gw=$(run tollgate-memory "$gw")
-res_gwr=$(run tollgate-redis "$gwr")
-res_ngx2=$(run nginx-proxy "$ngx")
-printf '%-17s %12s %10s %8s %14s\n' proxy req_per_s p99 non2xx ratio_to_nginx
-ngx_avg=$(python3 -c "print(($(echo "$res_ngx" | cut -d' ' -f2) + $(echo "$res_ngx2" | cut -d' ' -f2)) / 2)")
-for r in "$res_ngx" "$res_gwn" "$res_gw" "$res_gwr" "$res_ngx2"; do
-  set -- $r
-  printf '%-17s %12s %10s %8s %14s\n' "$1" "$2" "$3" "$4" "$(python3 -c "print(f'{$2/$ngx_avg:.2f}')")"
+limit='limits: [ { name: per-ip, key: [client_ip], limit: 1000000000, window: 1m } ]'
+
+declare -A port measured
+start_row() { # row -> sets port[row], measured[row] (pids)
+  local row=$1 p; p=$(free_port); port[$row]=$p
+  case $row in
+    nginx)
+      cat > "$dir/nginx.conf" <<CONF
+worker_processes $threads; daemon off; pid $dir/nginx.pid; error_log $dir/logs/nginx.err;
+events { worker_connections 8192; }
+http { access_log off;
+  limit_req_zone \$binary_remote_addr zone=perip:10m rate=100000000r/s;
+  upstream up { server 127.0.0.1:$up; keepalive 64; }
+  server { listen 127.0.0.1:$p backlog=4096; keepalive_requests 10000000;
+    location / { limit_req zone=perip burst=100000000 nodelay;
+      proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
+CONF
+      taskset -c 0 nginx -p "$dir" -c "$dir/nginx.conf" & pids+=($!)
+      measured[$row]=$! ;;
+    haproxy)
+      cat > "$dir/haproxy.cfg" <<CONF
+global
+  nbthread $threads
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend fe
+  bind 127.0.0.1:$p
+  stick-table type ip size 100k expire 60s store http_req_rate(60s)
+  http-request track-sc0 src
+  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1000000000 }
+  default_backend be
+backend be
+  http-reuse always
+  server up 127.0.0.1:$up
+CONF
+      taskset -c 0 haproxy -f "$dir/haproxy.cfg" -db & pids+=($!)
+      measured[$row]=$! ;;
+    bare)
+      taskset -c 0 target/release/examples/bare_pingora "127.0.0.1:$p" "127.0.0.1:$up" "$threads" 2>"$dir/bare.log" & pids+=($!)
+      measured[$row]=$! ;;
+    nolimits|memory|redis|accesslog)
+      local extra="" redis_flag=()
+      [ "$row" = memory ] || [ "$row" = redis ] && extra=$limit
+      [ "$row" = redis ] && redis_flag=(--redis-url "redis://127.0.0.1:$rp")
+      [ "$row" = accesslog ] && extra="access_log: { enabled: true, format: json, path: $dir/access.log }"
+      [ "$row" != accesslog ] && extra="$extra
+access_log: { enabled: false }"
+      gateway_yaml "" "$extra" > "$dir/$row.yaml"
+      if ! "$bin" check "$dir/$row.yaml" >/dev/null; then
+        echo "row $row: this build does not take its config, skipped: $("$bin" check "$dir/$row.yaml" | head -1)" >&2
+        gateway_yaml "" "${extra%%access_log*}" > "$dir/$row.yaml"
+        [ "$row" = accesslog ] && { unset 'port[$row]'; return; }
+      fi
+      taskset -c 0 "$bin" -c "$dir/$row.yaml" --listen "127.0.0.1:$p" --admin-listen "127.0.0.1:$(free_port)" \
+        "${redis_flag[@]}" 2>"$dir/$row.log" & pids+=($!)
+      measured[$row]=$! ;;
+    *) echo "unknown row $row" >&2; exit 2 ;;
+  esac
+}
+for row in "${rows[@]}"; do start_row "$row"; done
+sleep 2
+active=()
+for row in "${rows[@]}"; do [ -n "${port[$row]:-}" ] && active+=("$row"); done
+
+for r in $(seq "$rounds"); do
+  order=("${active[@]}")
+  if [ $((r % 2)) -eq 0 ]; then mapfile -t order < <(printf '%s\n' "${active[@]}" | tac); fi
+  for row in "${order[@]}"; do
+    echo "$row $(measure "$(tree "${measured[$row]}")" "${port[$row]}" "$secs" "$conns")" >> "$dir/peak"
+    echo "round $r: $row" >&2
+  done
 done
-echo "(wrk -t1 -c$conns -d${secs}s; proxies on core 0, upstream/wrk/redis on core 1; ratio against the mean of the two NGINX runs)"
+
+python3 - "$dir/peak" "${active[@]}" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    name, *v = line.split()
+    rows.setdefault(name, []).append([float(x) for x in v])
+order = sys.argv[2:]
+med = {n: [statistics.median(r[i] for r in rows[n]) for i in range(5)] + [statistics.median(r[3] + r[4] for r in rows[n])] for n in order}
+base = med.get("nginx", med[order[0]])[5]
+print("| proxy | req/s | p50 ms | p99 ms | user µs/req | sys µs/req | total µs/req | ÷ nginx |")
+print("|---|---|---|---|---|---|---|---|")
+for n in order:
+    m = med[n]
+    print(f"| {n} | {m[0]:,.0f} | {m[1]:.2f} | {m[2]:.2f} | {m[3]:.1f} | {m[4]:.1f} | {m[5]:.1f} | {m[5] / base:.2f} |")
+open(sys.argv[1] + ".slowest", "w").write(str(min(m[0] for m in med.values())))
+PY
+echo "(wrk -t1 -c$conns -d${secs}s, $rounds interleaved rounds, medians; $threads worker(s) per proxy on core 0; wrk, upstream and Redis on core 1)"
+
+if command -v oha >/dev/null; then
+  rate=$(python3 -c "print(int(float(open('$dir/peak.slowest').read()) / 2))")
+  echo
+  echo "| proxy at $rate req/s | p50 ms | p99 ms | p99.9 ms |"
+  echo "|---|---|---|---|"
+  for row in "${active[@]}"; do
+    taskset -c 1 oha -z "${secs}s" -q "$rate" -c "$conns" --latency-correction --disable-keepalive=false --no-tui \
+      --output-format json "http://127.0.0.1:${port[$row]}/" > "$dir/oha.json" 2>/dev/null
+    python3 - "$dir/oha.json" "$row" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+p = d["latencyPercentiles"]
+print(f"| {sys.argv[2]} | {p['p50'] * 1e3:.2f} | {p['p99'] * 1e3:.2f} | {p['p99.9'] * 1e3:.2f} |")
+PY
+  done
+  echo "(oha -q $rate -c$conns -z${secs}s with latency correction: half of the slowest row's peak)"
+else
+  echo "(fixed-rate run skipped: install oha with 'cargo install --locked oha')" >&2
+fi

@@ -1,0 +1,57 @@
+# Sourced by the whole-system load tests (proxy.sh, cpu.sh). Defines:
+#   free_port                 a free loopback port
+#   need TOOL "apt package"   fail with what to install when TOOL is missing
+#   tree PID                  PID and its children (NGINX's master and workers)
+#   ticks PID...              CPU ticks (user system) of every thread of these processes:
+#                             /proc/PID/task/*/stat, fields after the closing parenthesis (thread
+#                             names such as "tollgate proxy" contain spaces)
+#   measure PIDS PORT SECS CONNS
+#                             wrk -t1 -cCONNS for SECS (after a 2 s warm-up) against PORT on
+#                             core 1, and the CPU of PIDS meanwhile; prints
+#                             "req_per_s p50_ms p99_ms user_us_per_req sys_us_per_req"
+#   upstream_nginx PORT DIR   NGINX `return 200` on core 1 (the upstream of every proxy)
+# Every process started here is appended to the caller's `pids` array, for its EXIT trap.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+need() { command -v "$1" >/dev/null || { echo "needs $1: apt-get install -y $2" >&2; exit 1; }; }
+tree() { echo "$1" $(pgrep -P "$1" 2>/dev/null || true); }
+ticks() {
+  local p
+  for p in "$@"; do cat /proc/"$p"/task/*/stat 2>/dev/null; done |
+    sed 's/.*) //' | awk '{u += $12; s += $13} END {print u + 0, s + 0}'
+}
+hz=$(getconf CLK_TCK)
+
+# wrk's latency figure ("1.23ms", "950.00us", "1.02s") in ms.
+to_ms() { python3 -c "import sys,re; v=sys.argv[1]; m=re.match(r'([0-9.]+)(us|ms|s)\$', v); print(f'{float(m[1])*{\"us\":0.001,\"ms\":1,\"s\":1000}[m[2]]:.3f}')" "$1"; }
+
+measure() { # "PIDS" PORT SECS CONNS
+  local pids=$1 port=$2 secs=$3 conns=$4 before after out reqs p50 p99
+  taskset -c 1 wrk -t1 -c "$conns" -d 2s "http://127.0.0.1:$port/" >/dev/null
+  # shellcheck disable=SC2086
+  before=$(ticks $pids)
+  out=$(taskset -c 1 wrk -t1 -c "$conns" -d "${secs}s" --latency "http://127.0.0.1:$port/")
+  # shellcheck disable=SC2086
+  after=$(ticks $pids)
+  if echo "$out" | grep -q 'Non-2xx'; then echo "port $port answered non-2xx:" >&2; echo "$out" >&2; exit 1; fi
+  reqs=$(echo "$out" | awk '/requests in/ {print $1}')
+  p50=$(to_ms "$(echo "$out" | awk '$1=="50%" {print $2}')")
+  p99=$(to_ms "$(echo "$out" | awk '$1=="99%" {print $2}')")
+  python3 - "$before" "$after" "$reqs" "$secs" "$hz" "$p50" "$p99" <<'PY'
+import sys
+b, a = sys.argv[1].split(), sys.argv[2].split()
+reqs, secs, hz = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+us = 1e6 / hz
+print(f"{reqs / secs:.0f} {sys.argv[6]} {sys.argv[7]} {(int(a[0]) - int(b[0])) * us / reqs:.2f} {(int(a[1]) - int(b[1])) * us / reqs:.2f}")
+PY
+}
+
+upstream_nginx() { # PORT DIR
+  mkdir -p "$2/logs"
+  cat > "$2/upstream.conf" <<CONF
+worker_processes 1; daemon off; pid $2/up.pid; error_log $2/logs/up.err;
+events { worker_connections 8192; }
+http { access_log off;
+  server { listen 127.0.0.1:$1 backlog=4096; keepalive_requests 10000000; location / { return 200 "ok"; } } }
+CONF
+  taskset -c 1 nginx -p "$2" -c "$2/upstream.conf" & pids+=($!)
+}
