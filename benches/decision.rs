@@ -18,25 +18,8 @@ use tollgate::store::Store;
 mod support;
 use support::{allocations_per_request, decide};
 
-const CONFIG: &str = r#"
-identity: { trusted_proxies: ["127.0.0.1/32"] }
-tiers:
-  free:
-    - { name: free-minute, limit: 100000000, window: 1m }
-    - { name: free-hour, limit: 100000000, window: 1h }
-api_keys: { demo-free: free }
-default_tier: free
-upstreams: { backend: ["127.0.0.1:9000"] }
-routes:
-  - { name: orders, match: { methods: [POST], path_prefix: /api/v1/orders }, upstream: backend }
-  - { name: default, match: { path_prefix: / }, upstream: backend }
-limits:
-  - { name: per-ip, key: [client_ip], limit: 100000000, window: 1m, anonymous_only: true }
-  - { name: global, key: [], algorithm: fixed_window, limit: 100000000, window: 1s }
-"#;
-
 fn request_path(c: &mut Criterion) {
-    let cfg = from_yaml("bench.yaml", CONFIG, &Overrides::default()).expect("config");
+    let cfg = from_yaml("bench.yaml", support::CONFIG, &Overrides::default()).expect("config");
     let store = Arc::new(Store::memory(1_000_000));
     let mut headers = HeaderMap::new();
     headers.insert("x-api-key", "demo-free".parse().unwrap());

@@ -55,3 +55,19 @@ http { access_log off;
 CONF
   taskset -c 1 nginx -p "$2" -c "$2/upstream.conf" & pids+=($!)
 }
+
+# interleave ROUNDS OUTFILE FN ROW...: ROUNDS rounds over the rows, forward in odd rounds and
+# backward in even ones (A-B-...-B-A), appending "ROW $(FN ROW)" to OUTFILE for each.
+interleave() {
+  local rounds=$1 out=$2 fn=$3 r row
+  shift 3
+  local rows=("$@") order
+  for r in $(seq "$rounds"); do
+    order=("${rows[@]}")
+    if [ $((r % 2)) -eq 0 ]; then mapfile -t order < <(printf '%s\n' "${rows[@]}" | tac); fi
+    for row in "${order[@]}"; do
+      echo "$row $("$fn" "$row")" >> "$out"
+      echo "round $r: $row" >&2
+    done
+  done
+}

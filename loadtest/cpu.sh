@@ -31,30 +31,22 @@ trap cleanup EXIT
 up=$(free_port)
 upstream_nginx "$up" "$dir"
 
-labels=() ports=() gpids=()
+labels=()
+declare -A ports gpids
 for row in "$@"; do
   IFS== read -r label bin cfg <<<"$row"
   port=$(free_port)
   sed "s/__UPSTREAM__/127.0.0.1:$up/" "$cfg" > "$dir/$label.yaml"
   taskset -c 0 "$bin" -c "$dir/$label.yaml" --listen "127.0.0.1:$port" \
     --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/$label.log" & pids+=($!)
-  labels+=("$label") ports+=("$port") gpids+=($!)
+  labels+=("$label"); ports[$label]=$port; gpids[$label]=$!
 done
 sleep 2
 
-measure_row() { # index -> "rps user_us sys_us"
+measure_row() { # label -> "rps user_us sys_us"
   measure "${gpids[$1]}" "${ports[$1]}" "$secs" "$conns" | awk '{print $1, $4, $5}'
 }
-
-n=${#labels[@]}
-for r in $(seq "$rounds"); do
-  order=$(seq 0 $((n - 1)))
-  [ $((r % 2)) -eq 0 ] && order=$(seq $((n - 1)) -1 0)   # A-B, then B-A
-  for i in $order; do
-    echo "${labels[$i]} $(measure_row "$i")" >> "$dir/results"
-    echo "round $r: ${labels[$i]} done" >&2
-  done
-done
+interleave "$rounds" "$dir/results" measure_row "${labels[@]}"
 
 python3 - "$dir/results" "${labels[@]}" <<'PY'
 import statistics, sys

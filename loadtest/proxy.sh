@@ -116,14 +116,8 @@ sleep 2
 active=()
 for row in "${rows[@]}"; do [ -n "${port[$row]:-}" ] && active+=("$row"); done
 
-for r in $(seq "$rounds"); do
-  order=("${active[@]}")
-  if [ $((r % 2)) -eq 0 ]; then mapfile -t order < <(printf '%s\n' "${active[@]}" | tac); fi
-  for row in "${order[@]}"; do
-    echo "$row $(measure "$(tree "${measured[$row]}")" "${port[$row]}" "$secs" "$conns")" >> "$dir/peak"
-    echo "round $r: $row" >&2
-  done
-done
+measure_row() { measure "$(tree "${measured[$1]}")" "${port[$1]}" "$secs" "$conns"; }
+interleave "$rounds" "$dir/peak" measure_row "${active[@]}"
 
 python3 - "$dir/peak" "${active[@]}" <<'PY'
 import statistics, sys

@@ -4,6 +4,7 @@
 //! in this binary, so nothing else allocates while it counts.
 
 #[path = "../benches/support/decide.rs"]
+#[allow(dead_code)] // the benchmarks' config
 mod support;
 
 use std::net::IpAddr;

@@ -16,6 +16,25 @@ use tollgate::identity::identify;
 use tollgate::route::match_route;
 use tollgate::store::Store;
 
+/// The config of the decision benchmarks: three rate limits for an API-key caller (the tier's
+/// minute and hour, the global), two for an anonymous one (per IP, global), none that denies.
+pub const CONFIG: &str = r#"
+identity: { trusted_proxies: ["127.0.0.1/32"] }
+tiers:
+  free:
+    - { name: free-minute, limit: 100000000, window: 1m }
+    - { name: free-hour, limit: 100000000, window: 1h }
+api_keys: { demo-free: free }
+default_tier: free
+upstreams: { backend: ["127.0.0.1:9000"] }
+routes:
+  - { name: orders, match: { methods: [POST], path_prefix: /api/v1/orders }, upstream: backend }
+  - { name: default, match: { path_prefix: / }, upstream: backend }
+limits:
+  - { name: per-ip, key: [client_ip], limit: 100000000, window: 1m, anonymous_only: true }
+  - { name: global, key: [], algorithm: fixed_window, limit: 100000000, window: 1s }
+"#;
+
 /// Counts every allocation and reallocation of the process.
 pub struct Counting;
 

@@ -35,14 +35,19 @@ fn caller<'a>(cfg: &Config, key: Option<&'a str>) -> Caller<'a> {
     }
 }
 
-fn claims(cfg: &Config, c: &Caller<'_>, h: &HeaderMap) -> Claims {
-    let req = Request {
+/// A GET on the config's first route.
+fn request<'a>(cfg: &'a Config, c: &'a Caller<'a>, h: &'a HeaderMap) -> Request<'a> {
+    Request {
         cfg,
         caller: c,
         route: &cfg.routes[0],
         method: &Method::GET,
         headers: h,
-    };
+    }
+}
+
+fn claims(cfg: &Config, c: &Caller<'_>, h: &HeaderMap) -> Claims {
+    let req = request(cfg, c, h);
     let mut out = Claims::new();
     req.concurrency_claims(&mut out);
     out
@@ -86,13 +91,7 @@ fn rate_checks_carry_their_limit_ids() {
     let cfg = config();
     let none = HeaderMap::new();
     let c = caller(&cfg, Some("k1"));
-    let req = Request {
-        cfg: &cfg,
-        caller: &c,
-        route: &cfg.routes[0],
-        method: &Method::GET,
-        headers: &none,
-    };
+    let req = request(&cfg, &c, &none);
     let mut checks = Checks::new();
     req.rate_checks(&mut checks);
     let names: Vec<&str> = checks.iter().map(|c| &*cfg.limit(c.id).name).collect();
@@ -108,13 +107,7 @@ async fn one_pipeline_for_both_kinds() {
     let store = Arc::new(Store::memory(1000));
     let none = HeaderMap::new();
     let c = caller(&cfg, Some("k1"));
-    let req = Request {
-        cfg: &cfg,
-        caller: &c,
-        route: &cfg.routes[0],
-        method: &Method::GET,
-        headers: &none,
-    };
+    let req = request(&cfg, &c, &none);
     let mut held = Vec::new();
     for i in 0..2u64 {
         let mut report = Report::default();
