@@ -79,6 +79,10 @@ pub const CATCH_ALL_ROUTE: &str = "{ name: default, match: { path_prefix: / }, u
 /// The upstream `--upstream` defines.
 pub const FLAG_UPSTREAM: &str = "default";
 
+// quotas
+/// Every gateway reloads the overrides this often.
+pub const QUOTA_REFRESH: Duration = Duration::from_secs(30);
+
 // shedding
 /// `shedding.thresholds` of `test`, `get` and `post`.
 pub const SHED_THRESHOLDS: [f64; 3] = [0.7, 0.8, 0.9];

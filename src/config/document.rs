@@ -12,8 +12,8 @@ use super::errors::{clean_serde_message, Errors};
 use super::limits::LimitBuilder;
 use super::routes::{self, Route, RouteId};
 use super::{
-    defaults, identity, raw, server, shedding, store, tiers, Config, ConfigErrors, HeaderSettings,
-    Startup,
+    defaults, identity, quotas, raw, server, shedding, store, tiers, Config, ConfigErrors,
+    HeaderSettings, Startup,
 };
 
 /// Command-line settings that take precedence over the file.
@@ -40,6 +40,7 @@ struct Sections {
     limits: Vec<Value>,
     headers: raw::Headers,
     shedding: Option<raw::Shedding>,
+    quotas: Option<raw::Quotas>,
 }
 
 /// The top-level mapping of the file, or `None` (reported) when the file is not one.
@@ -102,6 +103,7 @@ fn sections(errs: &mut Errors, map: Mapping, o: &Overrides) -> Sections {
         s.headers = v;
     }
     s.shedding = take("shedding").and_then(|v| errs.parse("shedding", v));
+    s.quotas = take("quotas").and_then(|v| errs.parse("quotas", v));
     s.upstreams = upstreams_section(errs, upstreams, o);
     s.routes = routes_section(errs, routes, o);
     s
@@ -167,6 +169,7 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
     let (store, failure) = store::validate(&mut errs, s.store, overrides);
     let identity = identity::validate(&mut errs, s.identity);
     let shedding = s.shedding.map(|r| shedding::validate(&mut errs, r));
+    let quotas = s.quotas.map(|r| quotas::validate(&mut errs, r));
     let mut b = LimitBuilder::new(failure);
     let (tiers, tier_ids) = tiers::tiers(&mut errs, s.tiers, &mut b);
     let api_keys = tiers::api_keys(&mut errs, s.api_keys, &tier_ids);
@@ -183,7 +186,11 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
     };
     Ok(Config {
         source: file.to_string(),
-        startup: Startup { server, store },
+        startup: Startup {
+            server,
+            store,
+            quotas,
+        },
         http,
         identity,
         limits: b.limits,

@@ -17,6 +17,8 @@ pub struct IdentitySettings {
     /// network, because a single client commonly holds a whole /64.
     pub ipv6_prefix: u8,
     pub jwt: Option<JwtSettings>,
+    /// Keys neither in `api_keys` nor in the quota store get 401 instead of `default_tier`.
+    pub require_known_keys: bool,
 }
 
 #[derive(Clone)]
@@ -81,6 +83,7 @@ pub(super) fn validate(errs: &mut Errors, r: raw::Identity) -> IdentitySettings 
         trusted_proxies,
         ipv6_prefix,
         jwt: r.jwt.and_then(|j| jwt(errs, j)),
+        require_known_keys: r.require_known_keys.unwrap_or(false),
     }
 }
 

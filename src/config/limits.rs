@@ -118,7 +118,7 @@ pub enum Spec {
 }
 
 /// `limit` units per `window`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RateSpec {
     pub quota: Quota,
     /// The quota on the local fallback limiter (`limit × store.local_share`, at least 1).
@@ -127,6 +127,90 @@ pub struct RateSpec {
     pub policy_header: HeaderValue,
     /// The window as written in the file (`1m`), for problem details.
     pub window_label: String,
+}
+
+impl RateSpec {
+    /// This spec with new parameters (what is `None` stays), for a per-key override of the
+    /// limit named `name`; the same rules as the file. `Err((field, message))`.
+    pub fn with_params(
+        &self,
+        name: &str,
+        limit: Option<u64>,
+        window: Option<&str>,
+        burst: Option<u64>,
+        local_share: f64,
+    ) -> Result<RateSpec, (&'static str, String)> {
+        let q = self.quota;
+        let limit = limit.unwrap_or(q.limit);
+        if limit == 0 {
+            return Err(("limit", "must be at least 1".into()));
+        }
+        let (window_ms, window_label) = match window {
+            None => (q.window_ms, self.window_label.clone()),
+            Some(w) => match humantime::parse_duration(w) {
+                Ok(d) if d.as_millis() >= 1 => (d.as_millis() as u64, w.to_string()),
+                Ok(_) => return Err(("window", "must be at least 1ms".into())),
+                Err(_) => {
+                    return Err((
+                        "window",
+                        format!("{w:?} is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)"),
+                    ))
+                }
+            },
+        };
+        let burst = match (burst, q.algorithm) {
+            (None, Algorithm::TokenBucket | Algorithm::Gcra) if q.burst != q.limit => q.burst,
+            (None, _) => limit,
+            (Some(0), _) => return Err(("burst", "must be at least 1".into())),
+            (Some(b), Algorithm::TokenBucket | Algorithm::Gcra) => b,
+            (Some(_), a) => {
+                return Err((
+                    "burst",
+                    format!("applies only to token_bucket and gcra, not {a}"),
+                ))
+            }
+        };
+        if limit.saturating_mul(window_ms) > MAX_SCALED
+            || burst.saturating_mul(window_ms) > MAX_SCALED
+        {
+            return Err((
+                "limit",
+                format!("limit × window in ms must not exceed 2^53 ({MAX_SCALED})"),
+            ));
+        }
+        Ok(rate_spec(
+            name,
+            q.algorithm,
+            limit,
+            window_ms,
+            burst,
+            window_label,
+            local_share,
+        ))
+    }
+}
+
+/// A rate spec with its pre-built header and local quota.
+fn rate_spec(
+    name: &str,
+    algorithm: Algorithm,
+    limit: u64,
+    window_ms: u64,
+    burst: u64,
+    window_label: String,
+    local_share: f64,
+) -> RateSpec {
+    let quota = Quota::new(algorithm, limit, window_ms).with_burst(burst);
+    let share = |n: u64| ((n as f64 * local_share).floor() as u64).max(1);
+    let local_quota = Quota::new(algorithm, share(limit), window_ms).with_burst(share(burst));
+    let policy = format!("\"{name}\";q={limit};w={}", window_ms.div_ceil(1000));
+    RateSpec {
+        quota,
+        local_quota,
+        // A name that is not a valid header value is reported by validation.
+        policy_header: HeaderValue::from_str(&policy).unwrap_or(HeaderValue::from_static("")),
+        window_label,
+    }
 }
 
 /// `limit` requests in progress at once.

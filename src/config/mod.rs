@@ -18,6 +18,7 @@ mod document;
 mod errors;
 mod identity;
 mod limits;
+mod quotas;
 pub mod raw;
 pub mod reload;
 mod routes;
@@ -36,6 +37,7 @@ pub use limits::{
     ConcurrencySpec, KeyPart, Kind, Limit, LimitId, LimitIds, OnError, RateSpec, Spec,
     MAX_KEY_PARTS,
 };
+pub use quotas::{redact_password, QuotaSettings};
 pub use routes::{Route, RouteId, Upstream, UpstreamId, UpstreamTimeouts};
 pub use server::{EscapedSlashes, HttpSettings, PathNormalization, ServerSettings};
 pub use shedding::{Priority, Shedding, TestTraffic};
@@ -56,6 +58,8 @@ pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> 
 pub struct Startup {
     pub server: ServerSettings,
     pub store: StoreSettings,
+    /// `quotas`; `None`: no quota store.
+    pub quotas: Option<QuotaSettings>,
 }
 
 impl Startup {
@@ -84,6 +88,7 @@ impl Startup {
             ("store.key_prefix", s.key_prefix != t.key_prefix),
             ("store.max_keys", s.max_keys != t.max_keys),
             ("store.breaker", s.breaker != t.breaker),
+            ("quotas", self.quotas != next.quotas),
         ]
         .into_iter()
         .filter_map(|(path, changed)| changed.then_some(path))

@@ -80,6 +80,8 @@ pub struct Identity {
     /// Per-IP counters group IPv6 clients by this prefix length (default 64).
     pub ipv6_prefix: Option<i64>,
     pub jwt: Option<Jwt>,
+    /// Keys neither in `api_keys` nor in the quota store get 401 instead of `default_tier`.
+    pub require_known_keys: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -186,6 +188,14 @@ pub struct TestTraffic {
     pub api_key_prefix: Option<String>,
 }
 
+/// `quotas`: per-key overrides in a database.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quotas {
+    pub database: String,
+    pub refresh: Option<String>,
+}
+
 /// The top-level keys, in the order they are read and reported.
 pub const SECTIONS: &[&str] = &[
     "server",
@@ -199,4 +209,5 @@ pub const SECTIONS: &[&str] = &[
     "limits",
     "shedding",
     "headers",
+    "quotas",
 ];
