@@ -16,6 +16,7 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod headers;
+pub mod health;
 pub mod identity;
 pub mod limit;
 pub mod proxy;
