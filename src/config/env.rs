@@ -83,7 +83,10 @@ fn expand_line(
             continue;
         };
         let Some(end) = inner.find('}') else {
-            let shown = tail.trim_end();
+            let name_len = inner
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(inner.len());
+            let shown = &tail[..name_len + 2];
             errs.at("", here(format!("{shown:?} is not closed: {FORM}")));
             return;
         };
