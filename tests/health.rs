@@ -43,14 +43,20 @@ fn outcome(o: &Output) -> (Option<i32>, String) {
     (o.status.code(), line.trim_end().to_string())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn exit_0_on_200_and_1_otherwise() {
+/// A gateway with one catch-all route (and its upstream, which must live as long).
+async fn gateway() -> (Upstream, Gateway) {
     let up = Upstream::start().await;
     let gw = Gateway::start(&format!(
         "{}routes: [ {{ name: default, match: {{ path_prefix: / }}, upstream: backend }} ]\n",
         up.upstreams_yaml()
     ))
     .await;
+    (up, gw)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exit_0_on_200_and_1_otherwise() {
+    let (_up, gw) = gateway().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let admin = gw.admin;
     let url = format!("http://{admin}/healthz");
@@ -92,12 +98,7 @@ fn a_listener_that_never_answers_fails_within_the_timeout() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn without_url_it_asks_the_configs_admin_listener() {
-    let up = Upstream::start().await;
-    let gw = Gateway::start(&format!(
-        "{}routes: [ {{ name: default, match: {{ path_prefix: / }}, upstream: backend }} ]\n",
-        up.upstreams_yaml()
-    ))
-    .await;
+    let (_up, gw) = gateway().await;
     let port = gw.admin.port().to_string();
     let dir = tempfile::tempdir().expect("temp dir");
     let healthy = format!("healthy: GET http://127.0.0.1:{port}/healthz: 200");
