@@ -107,11 +107,16 @@ hadolint docker/Dockerfile
 
 say "podman build -> $IMAGE"
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+previous=$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
 # --layers=false: no intermediate images (the builder stage is over a gigabyte); the cargo
 # registry and target/ cache mounts keep a rebuild fast all the same.
 podman build --isolation=chroot --format docker --pull=never --layers=false \
   --build-arg VERSION="$version" -f docker/Dockerfile -t "$IMAGE" .
 podman image inspect --format 'image {{.Id}}: {{.Size}} bytes, user {{.Config.User}}, healthcheck {{.Config.Healthcheck.Test}}' "$IMAGE" >&2
+# The image this tag named before, now nameless, goes.
+if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$IMAGE")" ]; then
+  podman rmi "$previous" >/dev/null 2>&1 || true
+fi
 
 # ---- smoke test: the image's contents, run with chroot as the image's user ----
 ROOT=$WORK/rootfs
