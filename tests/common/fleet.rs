@@ -88,7 +88,8 @@ pub struct Fleet {
 impl Fleet {
     /// Start the fleet with `env` added to the script's environment (it reaches both
     /// gateways: `TOLLGATE_FREE_LIMIT`, ...). No `TOLLGATE_*` or `FLEET_*` variable of the
-    /// test's own environment gets through.
+    /// test's own environment gets through. `TOLLGATE_GRACE_PERIOD` is 1s unless `env` says
+    /// otherwise, so that the fleet stops quickly when the test ends.
     pub async fn start(env: &[(&str, &str)]) -> Fleet {
         on_free_ports("fleet", || async move {
             let dir = tempfile::tempdir().expect("temp dir");
@@ -105,6 +106,7 @@ impl Fleet {
                     cmd.env_remove(k);
                 }
             }
+            cmd.env("TOLLGATE_GRACE_PERIOD", "1s");
             cmd.envs(env.iter().copied());
             let mut script = Proc::spawn("fleet.sh", cmd, INSTALL);
             let env_file = dir.path().join("fleet.env");
