@@ -145,33 +145,28 @@ mod tests {
     }
 
     #[test]
-    fn set_defaulted_and_empty() {
-        assert_eq!(expand("a: ${PORT}\n").unwrap(), "a: 8081\n");
-        assert_eq!(expand("a: ${UNSET:-9000}\n").unwrap(), "a: 9000\n");
-        assert_eq!(expand("a: ${PORT:-9000}\n").unwrap(), "a: 8081\n");
-        assert_eq!(expand("a: '${EMPTY}'\n").unwrap(), "a: ''\n");
-        assert_eq!(expand("a: ${EMPTY:-x}\n").unwrap(), "a: x\n");
-        assert_eq!(expand("a: ${UNSET:-}\n").unwrap(), "a: \n");
-        assert_eq!(
-            expand("url: \"${URL}\" # ${NOT_EXPANDED}\n").unwrap(),
-            "url: \"redis://10.0.0.1:6379/0\" # ${NOT_EXPANDED}\n"
-        );
-        assert_eq!(
-            expand("a: \"127.0.0.1:${PORT}\"").unwrap(),
-            "a: \"127.0.0.1:8081\""
-        );
-    }
-
-    #[test]
-    fn literals_comments_and_quotes() {
-        assert_eq!(expand("a: $${PORT} $x $\n").unwrap(), "a: ${PORT} $x $\n");
-        assert_eq!(expand("# ${UNSET}\n").unwrap(), "# ${UNSET}\n");
-        assert_eq!(expand("a: 'x # ${PORT}'\n").unwrap(), "a: 'x # 8081'\n");
-        assert_eq!(expand("a: x#${PORT}\n").unwrap(), "a: x#8081\n");
-        assert_eq!(
-            expand("a: it's # ${UNSET}\n").unwrap(),
-            "a: it's # ${UNSET}\n"
-        );
+    fn set_defaulted_empty_literal_and_commented() {
+        for (text, want) in [
+            ("a: ${PORT}\n", "a: 8081\n"),
+            ("a: ${UNSET:-9000}\n", "a: 9000\n"),
+            ("a: ${PORT:-9000}\n", "a: 8081\n"),
+            ("a: '${EMPTY}'\n", "a: ''\n"),
+            ("a: ${EMPTY:-x}\n", "a: x\n"),
+            ("a: ${UNSET:-}\n", "a: \n"),
+            ("a: \"127.0.0.1:${PORT}\"", "a: \"127.0.0.1:8081\""),
+            (
+                "url: \"${URL}\" # ${NOT_EXPANDED}\n",
+                "url: \"redis://10.0.0.1:6379/0\" # ${NOT_EXPANDED}\n",
+            ),
+            // Literals, comments and quotes.
+            ("a: $${PORT} $x $\n", "a: ${PORT} $x $\n"),
+            ("# ${UNSET}\n", "# ${UNSET}\n"),
+            ("a: 'x # ${PORT}'\n", "a: 'x # 8081'\n"),
+            ("a: x#${PORT}\n", "a: x#8081\n"),
+            ("a: it's # ${UNSET}\n", "a: it's # ${UNSET}\n"),
+        ] {
+            assert_eq!(expand(text).unwrap(), want, "{text:?}");
+        }
     }
 
     #[test]
