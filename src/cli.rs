@@ -1,7 +1,9 @@
-//! Command line: run the gateway, check a config, or run the demo upstream.
+//! Command line: run the gateway, check a config, probe a gateway's health, or run the demo
+//! upstream.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -26,6 +28,22 @@ pub enum Command {
     Check {
         /// The config file to validate.
         file: PathBuf,
+    },
+    /// Check that a gateway is healthy: GET its admin listener's /healthz (or --url), exit 0
+    /// on 200 and 1 otherwise. The container image's HEALTHCHECK runs it (no curl needed).
+    Health {
+        /// The URL to GET (plain http). Default: /healthz on the config's
+        /// server.admin_listen (0.0.0.0 is asked on 127.0.0.1), or
+        /// http://127.0.0.1:9901/healthz when there is no config file.
+        #[arg(long)]
+        url: Option<String>,
+        /// The config file whose admin listener is asked (default: ./gateway.yaml when it
+        /// exists). Its ${VAR} references are expanded as the gateway expands them.
+        #[arg(long, short = 'c', env = "TOLLGATE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Give up after this long (500ms, 2s, ...).
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
     },
     /// Run the bundled demo upstream, which echoes requests as JSON.
     DemoUpstream {

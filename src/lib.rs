@@ -19,6 +19,7 @@ pub mod conn;
 pub mod demo;
 pub mod head;
 pub mod headers;
+pub mod health;
 pub mod identity;
 pub mod lifecycle;
 pub mod limit;

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use tollgate::cli::{Cli, Command, LogFormat, RunArgs};
@@ -73,6 +74,38 @@ fn run(args: RunArgs) -> ExitCode {
     }
 }
 
+/// `tollgate health`: GET the URL (by default the config's admin `/healthz`), exit 0 on 200.
+fn health(url: Option<String>, config: Option<PathBuf>, timeout: Duration) -> ExitCode {
+    let config = config.or_else(|| Some(PathBuf::from("gateway.yaml")).filter(|p| p.exists()));
+    let url = match (url, config) {
+        (Some(url), _) => url,
+        (None, Some(path)) => match config::admin_listen_of(&path) {
+            Ok(admin) => tollgate::health::healthz_url(admin),
+            Err(e) => {
+                eprintln!("unhealthy: cannot tell the admin listener from the config:\n{e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        (None, None) => {
+            tollgate::health::healthz_url(defaults::ADMIN_LISTEN.parse().expect("default"))
+        }
+    };
+    match tollgate::health::probe(&url, timeout) {
+        Ok(200) => {
+            println!("healthy: GET {url}: 200");
+            ExitCode::SUCCESS
+        }
+        Ok(status) => {
+            eprintln!("unhealthy: GET {url}: {status}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("unhealthy: GET {url}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -87,6 +120,11 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Some(Command::Health {
+            url,
+            config,
+            timeout,
+        }) => health(url, config, timeout),
         Some(Command::DemoUpstream { listen }) => {
             init_logging(LogFormat::Text);
             match tollgate::server::run_demo_upstream(listen) {

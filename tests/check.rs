@@ -8,15 +8,20 @@ use std::process::{Command, Output};
 const FIXTURES: &str = "tests/fixtures/config";
 
 /// Runs `tollgate check <path>` from the crate root, with a fixed environment for the JWT
-/// fixtures: TOLLGATE_TEST_JWT_SECRET set, TOLLGATE_TEST_EMPTY_SECRET empty,
-/// TOLLGATE_TEST_UNSET_SECRET absent.
+/// fixtures (TOLLGATE_TEST_JWT_SECRET set, TOLLGATE_TEST_EMPTY_SECRET empty,
+/// TOLLGATE_TEST_UNSET_SECRET absent) and the `${VAR}` fixtures (TOLLGATE_TEST_LIMIT=10,
+/// TOLLGATE_TEST_WORD=ten, TOLLGATE_TEST_UNSET_VAR absent), and no other TOLLGATE_ variable.
 fn check(path: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["check", path])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("TOLLGATE_")) {
+        cmd.env_remove(k);
+    }
+    cmd.args(["check", path])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("TOLLGATE_TEST_JWT_SECRET", "test-secret")
         .env("TOLLGATE_TEST_EMPTY_SECRET", "")
-        .env_remove("TOLLGATE_TEST_UNSET_SECRET")
+        .env("TOLLGATE_TEST_LIMIT", "10")
+        .env("TOLLGATE_TEST_WORD", "ten")
         .output()
         .expect("run tollgate check")
 }
@@ -75,7 +80,7 @@ macro_rules! fixtures {
 
 fixtures! {
     unknown_section => "unknown-section.yaml": [
-        "limit: unknown section, expected one of server, store, identity, tiers, api_keys, default_tier, upstreams, routes, limits, shedding, headers",
+        "limit: unknown section, expected one of server, store, identity, tiers, api_keys, default_tier, upstreams, routes, limits, shedding, headers, quotas",
     ],
     misspelled_limit_key => "misspelled-limit-key.yaml": [
         "limits[0].limt: unknown field `limt`, expected one of `name`, `kind`, `key`, `algorithm`, `limit`, `window`, `timeout`, `burst`, `anonymous_only`, `shadow`, `on_error`, `routes`",
@@ -222,10 +227,29 @@ fixtures! {
     shedding_empty_test_traffic => "shedding-empty-test-traffic.yaml": [
         "shedding.test_traffic: set `header`, `api_key_prefix` or both",
     ],
+    env_variable_unset_without_default => "env-unset.yaml": [
+        "line 2 column 25: environment variable TOLLGATE_TEST_UNSET_VAR is not set, and ${TOLLGATE_TEST_UNSET_VAR} has no default (write ${TOLLGATE_TEST_UNSET_VAR:-default} to give one)",
+    ],
+    env_reference_not_closed => "env-unclosed.yaml": [
+        r#"line 2 column 22: "${TOLLGATE_TEST_PORT" is not closed: write ${NAME} or ${NAME:-default}, NAME of letters, digits and '_'"#,
+    ],
+    env_shell_default_form_is_not_a_reference => "env-shell-default-form.yaml": [
+        r#"line 2 column 25: "${TOLLGATE_TEST_UPSTREAM-127.0.0.1:9000}" is not a variable reference: write ${NAME} or ${NAME:-default}, NAME of letters, digits and '_'"#,
+    ],
+    env_set_value_is_validated => "env-set-value-is-validated.yaml": [
+        r#"limits[0].limit: invalid type: string "ten", expected u64"#,
+    ],
+    env_default_is_validated => "env-default-is-validated.yaml": [
+        r#"limits[0].window: "1x" is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)"#,
+    ],
 }
 
 /// Every fixture that must check ok; each has a test below.
-const VALID_FIXTURES: &[&str] = &["valid-full.yaml", "valid-concurrency-shedding.yaml"];
+const VALID_FIXTURES: &[&str] = &[
+    "valid-full.yaml",
+    "valid-concurrency-shedding.yaml",
+    "valid-env.yaml",
+];
 
 #[test]
 fn valid_full_config_checks_ok() {
@@ -238,8 +262,19 @@ fn valid_concurrency_and_shedding_config_checks_ok() {
 }
 
 #[test]
+fn valid_env_config_checks_ok() {
+    assert_ok(&format!("{FIXTURES}/valid-env.yaml"));
+}
+
+#[test]
 fn bundled_gateway_yaml_checks_ok() {
     assert_ok("gateway.yaml");
+}
+
+/// The fleet's config (image, compose, Kubernetes, fleet.sh) with every variable defaulted.
+#[test]
+fn fleet_gateway_yaml_checks_ok() {
+    assert_ok("docker/gateway.yaml");
 }
 
 #[test]

@@ -15,6 +15,7 @@
 
 pub mod defaults;
 mod document;
+mod env;
 mod errors;
 mod identity;
 mod limits;
@@ -31,6 +32,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 pub use document::{from_yaml, Overrides};
+pub use env::expand_env;
 pub use errors::{ConfigErrors, WordError};
 pub use identity::{IdentitySettings, JwtSettings};
 pub use limits::{
@@ -44,12 +46,47 @@ pub use shedding::{Priority, Shedding, TestTraffic};
 pub use store::{Backend, BreakerSettings, FailureDefaults, StoreSettings, Topology};
 pub use tiers::{Tier, TierId};
 
-/// Read and validate a config file.
+/// Read a config file, expand its `${VAR}` references from the environment ([`env`]), and
+/// validate it.
 pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigErrors> {
     let label = path.display().to_string();
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigErrors(vec![format!("{label}: cannot read: {e}")]))?;
-    from_yaml(&label, &text, overrides)
+    from_file_text(&label, &text, overrides)
+}
+
+/// The text of a config file labelled `label`: `${VAR}` references expanded, then validated.
+pub fn from_file_text(
+    label: &str,
+    text: &str,
+    overrides: &Overrides,
+) -> Result<Config, ConfigErrors> {
+    let text = expand_env(label, text, process_env)?;
+    from_yaml(label, &text, overrides)
+}
+
+/// A variable of this process's environment, as `${VAR}` expansion reads it.
+fn process_env(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+}
+
+/// `server.admin_listen` of a config file (after `${VAR}` expansion; the default when it is
+/// not set), without validating the rest of the file: what `tollgate health` asks.
+pub fn admin_listen_of(path: &Path) -> Result<std::net::SocketAddr, ConfigErrors> {
+    let label = path.display().to_string();
+    let fail = |msg: String| ConfigErrors(vec![format!("{label}: {msg}")]);
+    let text = std::fs::read_to_string(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    let text = expand_env(&label, &text, process_env)?;
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(&text).map_err(|e| fail(format!("invalid YAML: {e}")))?;
+    let addr = doc["server"]["admin_listen"]
+        .as_str()
+        .unwrap_or(defaults::ADMIN_LISTEN);
+    addr.parse().map_err(|_| {
+        fail(format!(
+            "server.admin_listen: {addr:?} is not an address (ip:port)"
+        ))
+    })
 }
 
 /// What is read once, at start: listeners, threads, the store. A reload that changes any of it

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use super::{from_yaml, Config, ConfigErrors, Overrides};
+use super::{from_file_text, Config, ConfigErrors, Overrides};
 
 /// How often the file is compared with what was last loaded.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -83,7 +83,7 @@ impl ConfigHandle {
         self.last_seen.store(content_hash(bytes), Ordering::Relaxed);
         let text = std::str::from_utf8(bytes)
             .map_err(|e| ConfigErrors(vec![format!("{label}: not UTF-8: {e}")]))?;
-        let mut next = from_yaml(label, text, &self.overrides)?;
+        let mut next = from_file_text(label, text, &self.overrides)?;
         let old = self.current.load();
         let changed = old.startup.changes(&next.startup);
         if !changed.is_empty() {

@@ -11,6 +11,8 @@
 //! - [`load`]: the one load generator, `Load`: bursts, and `Driver`s in the background.
 //! - [`faults`]: signals, a latency-injecting TCP proxy, libfaketime.
 //! - [`redis`]: real `redis-server` processes: single, cluster, sentinel.
+//! - [`fleet`]: `docker/fleet.sh`: HAProxy, two gateways, Redis and the upstream on loopback;
+//!   [`haproxy`]: `haproxy -c` and the balancer's view of its servers.
 //! - [`clock`]: the wall clock and fixed-window boundaries.
 //!
 //! Every wait is bounded; nothing listens or connects outside 127.0.0.0/8. A missing program
@@ -22,7 +24,9 @@
 
 pub mod clock;
 pub mod faults;
+pub mod fleet;
 pub mod gateway;
+pub mod haproxy;
 pub mod http;
 pub mod load;
 pub mod process;

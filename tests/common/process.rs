@@ -5,6 +5,7 @@
 //! so a failure shows what the process logged. [`on_free_ports`] retries a start whose
 //! freshly picked port was taken in the meantime.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -25,13 +26,22 @@ const OUTPUT_TAIL: usize = 16_000;
 /// The `tollgate` binary of this build.
 pub const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
-/// A free TCP port on 127.0.0.1 (bound, read, released: the caller retries if it is gone).
+/// A free TCP port on 127.0.0.1 (bound, read, released: the caller retries if it is gone),
+/// never one this test process was handed before: the kernel may give the same port to two
+/// binds in a row, which once put a gateway's proxy and admin listener on one port.
 pub fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .expect("bind 127.0.0.1:0")
-        .local_addr()
-        .expect("local addr")
-        .port()
+    static HANDED_OUT: parking_lot::Mutex<BTreeSet<u16>> = parking_lot::Mutex::new(BTreeSet::new());
+    for _ in 0..1000 {
+        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .expect("bind 127.0.0.1:0")
+            .local_addr()
+            .expect("local addr")
+            .port();
+        if HANDED_OUT.lock().insert(port) {
+            return port;
+        }
+    }
+    panic!("no port that was not handed out before, in 1000 binds");
 }
 
 pub fn loopback(port: u16) -> SocketAddr {

