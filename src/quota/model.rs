@@ -25,7 +25,9 @@ impl KeyHash {
     }
 
     pub fn from_hex(s: &str) -> Option<KeyHash> {
-        blake3::Hash::from_hex(s).ok().map(|h| KeyHash(*h.as_bytes()))
+        blake3::Hash::from_hex(s)
+            .ok()
+            .map(|h| KeyHash(*h.as_bytes()))
     }
 }
 
@@ -209,7 +211,10 @@ impl PutBody {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         let body: PutBody = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            err(if path == "." { "body".into() } else { path }, e.into_inner().to_string())
+            err(
+                if path == "." { "body".into() } else { path },
+                e.into_inner().to_string(),
+            )
         })?;
         let any = body.tier.is_some()
             || body.label.is_some()
@@ -250,7 +255,10 @@ impl PutBody {
         if let Some(tier) = self.tier {
             if let Some(t) = &tier {
                 if !cfg.tiers.iter().any(|x| &x.name == t) {
-                    return Err(err("tier", format!("tier {t:?} is not defined in the config")));
+                    return Err(err(
+                        "tier",
+                        format!("tier {t:?} is not defined in the config"),
+                    ));
                 }
             }
             o.tier = tier;
@@ -262,8 +270,12 @@ impl PutBody {
             o.label = label;
         }
         if let Some(s) = self.status {
-            o.status = Status::parse(&s)
-                .ok_or_else(|| err("status", format!("{s:?} is not a status (active, disabled)")))?;
+            o.status = Status::parse(&s).ok_or_else(|| {
+                err(
+                    "status",
+                    format!("{s:?} is not a status (active, disabled)"),
+                )
+            })?;
         }
         if let Some(limits) = self.limits {
             check_limits(cfg, &limits)?;
@@ -286,7 +298,12 @@ impl PutBody {
 }
 
 fn time_field(field: &str, s: &str) -> Result<i64, BodyError> {
-    parse_time(s).ok_or_else(|| err(field, format!("{s:?} is not an RFC 3339 time (2026-12-01T00:00:00Z)")))
+    parse_time(s).ok_or_else(|| {
+        err(
+            field,
+            format!("{s:?} is not an RFC 3339 time (2026-12-01T00:00:00Z)"),
+        )
+    })
 }
 
 /// Every named limit exists, is a rate limit, and takes the new parameters.
@@ -294,16 +311,28 @@ fn check_limits(cfg: &Config, limits: &BTreeMap<String, LimitOverride>) -> Resul
     for (name, p) in limits {
         let field = format!("limits.{name}");
         let Some(limit) = cfg.limits.iter().find(|l| &*l.name == name) else {
-            return Err(err(&field, format!("limit {name:?} is not defined in the config")));
+            return Err(err(
+                &field,
+                format!("limit {name:?} is not defined in the config"),
+            ));
         };
         let Spec::Rate(rate) = &limit.spec else {
-            return Err(err(&field, format!("limit {name:?} is a concurrency limit; only rate limits take overrides")));
+            return Err(err(
+                &field,
+                format!("limit {name:?} is a concurrency limit; only rate limits take overrides"),
+            ));
         };
         if p.limit.is_none() && p.window.is_none() && p.burst.is_none() {
             return Err(err(&field, "set limit, window or burst"));
         }
-        rate.with_params(&limit.name, p.limit, p.window.as_deref(), p.burst, cfg.failure.local_share)
-            .map_err(|(sub, message)| err(format!("{field}.{sub}"), message))?;
+        rate.with_params(
+            &limit.name,
+            p.limit,
+            p.window.as_deref(),
+            p.burst,
+            cfg.failure.local_share,
+        )
+        .map_err(|(sub, message)| err(format!("{field}.{sub}"), message))?;
     }
     Ok(())
 }

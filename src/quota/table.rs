@@ -77,11 +77,22 @@ fn resolve_one(cfg: &Config, o: &Override) -> Resolved {
         .and_then(|t| cfg.tiers.iter().position(|x| x.name == t));
     let mut limits = SmallVec::new();
     for (name, p) in &o.limits {
-        let Some((id, l)) = cfg.limits.iter().enumerate().find(|(_, l)| &*l.name == name) else {
+        let Some((id, l)) = cfg
+            .limits
+            .iter()
+            .enumerate()
+            .find(|(_, l)| &*l.name == name)
+        else {
             continue;
         };
         let Spec::Rate(rate) = &l.spec else { continue };
-        match rate.with_params(&l.name, p.limit, p.window.as_deref(), p.burst, cfg.failure.local_share) {
+        match rate.with_params(
+            &l.name,
+            p.limit,
+            p.window.as_deref(),
+            p.burst,
+            cfg.failure.local_share,
+        ) {
             Ok(spec) => limits.push((id, Arc::new(spec))),
             Err((field, e)) => tracing::warn!(
                 key = %format!("fp:{}", o.fingerprint),

@@ -11,6 +11,7 @@
 //! - [`load`]: the one load generator, `Load`: bursts, and `Driver`s in the background.
 //! - [`faults`]: signals, a latency-injecting TCP proxy, libfaketime.
 //! - [`redis`]: real `redis-server` processes: single, cluster, sentinel.
+//! - [`postgres`]: a real PostgreSQL server (`initdb` + `postgres`) for the quota store.
 //! - [`fleet`]: `docker/fleet.sh`: HAProxy, two gateways, Redis and the upstream on loopback;
 //!   [`haproxy`]: `haproxy -c` and the balancer's view of its servers.
 //! - [`clock`]: the wall clock and fixed-window boundaries.
@@ -29,6 +30,7 @@ pub mod gateway;
 pub mod haproxy;
 pub mod http;
 pub mod load;
+pub mod postgres;
 pub mod process;
 pub mod raw;
 pub mod redis;

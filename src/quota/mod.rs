@@ -1,0 +1,252 @@
+//! Per-key quota overrides: a key moved to another tier, new parameters for some of its limits,
+//! or the key revoked, without a redeploy. Overrides live in PostgreSQL (or an embedded SQLite
+//! file, [`db`]) and every gateway holds all of them in memory ([`table`]), so no request ever
+//! waits on the database: a refresh task reloads them every `quotas.refresh` and, with
+//! PostgreSQL, at once when another gateway's admin API announces a change (LISTEN/NOTIFY).
+//!
+//! If the database goes away, gateways keep serving with the overrides they have and stay
+//! ready; `/readyz` says since when they are stale. A gateway that starts while the database is
+//! down serves with the YAML alone and loads the overrides as soon as it answers.
+//!
+//! Phase: `request_filter` reads the table ([`Quotas::lookup`]: one hash of the API key, one
+//! map lookup); the refresh task and the admin API run off the request path.
+
+pub mod db;
+pub mod model;
+pub mod table;
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use tokio::sync::Notify;
+
+use crate::config::{Config, QuotaSettings};
+pub use db::{Db, DbError};
+pub use model::{KeyHash, Override};
+use table::{Resolved, ResolvedTable, Table};
+
+/// How long a connection attempt to the database may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Reconnects to an unreachable database, and to a dropped LISTEN, at most this far apart.
+pub const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// Unix seconds now.
+pub fn now_s() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// What the quota store says about one API key.
+#[derive(Debug, Clone)]
+pub enum Lookup {
+    /// No override in force.
+    None,
+    /// An override in force.
+    Some(Arc<Resolved>),
+}
+
+/// The quota store of one gateway.
+pub struct Quotas {
+    settings: QuotaSettings,
+    db: ArcSwapOption<Db>,
+    table: ArcSwap<Table>,
+    resolved: ArcSwapOption<ResolvedTable>,
+    /// Unix seconds of the last load that worked (0: never).
+    loaded_at: AtomicI64,
+    /// Unix seconds since when loads fail (0: they do not).
+    stale_since: AtomicI64,
+    loads: AtomicU64,
+    /// Wakes the refresh task (a change made through this gateway's admin API).
+    changed: Notify,
+}
+
+impl Quotas {
+    pub fn new(settings: QuotaSettings) -> Arc<Quotas> {
+        Arc::new(Quotas {
+            settings,
+            db: ArcSwapOption::empty(),
+            table: ArcSwap::from_pointee(Table::default()),
+            resolved: ArcSwapOption::empty(),
+            loaded_at: AtomicI64::new(0),
+            stale_since: AtomicI64::new(0),
+            loads: AtomicU64::new(0),
+            changed: Notify::new(),
+        })
+    }
+
+    /// The override in force for `api_key` under config `cfg` at `now` (Unix seconds).
+    pub fn lookup(&self, cfg: &Arc<Config>, api_key: &str, now: i64) -> Lookup {
+        let table = self.table.load();
+        if table.by_key.is_empty() {
+            return Lookup::None;
+        }
+        let key = KeyHash::of(api_key);
+        let resolved = self.resolved_for(cfg, &table);
+        match resolved.by_key.get(&key) {
+            Some(r) if r.in_force(now) => Lookup::Some(r.clone()),
+            _ => Lookup::None,
+        }
+    }
+
+    /// The table resolved against `cfg`, rebuilt when either has changed.
+    fn resolved_for(&self, cfg: &Arc<Config>, table: &Arc<Table>) -> Arc<ResolvedTable> {
+        if let Some(r) = self.resolved.load_full() {
+            if Arc::ptr_eq(&r.config, cfg) && r.version == table.version {
+                return r;
+            }
+        }
+        let r = Arc::new(ResolvedTable::resolve(cfg, table));
+        self.resolved.store(Some(r.clone()));
+        r
+    }
+
+    /// The database, for the admin API; `Err` while it cannot be reached.
+    pub fn db(&self) -> Option<Arc<Db>> {
+        self.db.load_full()
+    }
+
+    /// Reload soon: a change was made through this gateway.
+    pub fn changed(&self) {
+        self.changed.notify_one();
+    }
+
+    /// For `/readyz`: the database, when the overrides were last loaded, since when they are
+    /// stale (never a reason to be unready: gateways serve with what they have).
+    pub fn status_json(&self) -> serde_json::Value {
+        let at = |v: &AtomicI64| {
+            let t = v.load(Ordering::Relaxed);
+            (t > 0).then(|| model::rfc3339(t))
+        };
+        serde_json::json!({
+            "database": self.settings.database_redacted(),
+            "connected": self.db.load().is_some(),
+            "overrides": self.table.load().by_key.len(),
+            "loaded_at": at(&self.loaded_at),
+            "stale_since": at(&self.stale_since),
+            "loads": self.loads.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Seconds since the overrides were last loaded (for a metric); `None` before the first.
+    pub fn age_s(&self, now: i64) -> Option<i64> {
+        let t = self.loaded_at.load(Ordering::Relaxed);
+        (t > 0).then(|| now - t)
+    }
+
+    /// Load every override from the database now.
+    pub async fn reload(&self, db: &Db) -> Result<usize, DbError> {
+        let rows = db.all().await?;
+        let n = rows.len();
+        let version = self.table.load().version + 1;
+        let by_key = rows.into_iter().map(|o| (o.key_hash, o)).collect();
+        self.table.store(Arc::new(Table { by_key, version }));
+        self.loads.fetch_add(1, Ordering::Relaxed);
+        self.loaded_at.store(now_s(), Ordering::Relaxed);
+        if self.stale_since.swap(0, Ordering::Relaxed) != 0 {
+            tracing::info!(
+                overrides = n,
+                "quota overrides loaded again; no longer stale"
+            );
+        }
+        Ok(n)
+    }
+
+    fn failed(&self, e: &dyn std::fmt::Display) {
+        if self
+            .stale_since
+            .compare_exchange(0, now_s(), Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            tracing::warn!(
+                "quota overrides cannot be loaded ({e}); serving with the last ones loaded"
+            );
+        }
+    }
+
+    /// The refresh task: connect (retrying), load, then reload every `refresh`, on a change
+    /// made here, and (PostgreSQL) on a NOTIFY from any gateway. Runs until `shutdown`.
+    pub async fn run(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let db = tokio::select! {
+            db = self.connect() => db,
+            _ = shutdown.changed() => return,
+        };
+        if db.is_postgres() {
+            tokio::spawn(self.clone().listen(shutdown.clone()));
+        }
+        let mut tick = tokio::time::interval(self.settings.refresh);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {}
+                _ = self.changed.notified() => {}
+            }
+            if let Err(e) = self.reload(&db).await {
+                self.failed(&e);
+            }
+        }
+    }
+
+    /// Connect and load, retrying until the database answers.
+    async fn connect(&self) -> Arc<Db> {
+        let mut pause = Duration::from_millis(200);
+        loop {
+            match Db::connect(&self.settings.database, CONNECT_TIMEOUT).await {
+                Ok(db) => {
+                    let db = Arc::new(db);
+                    self.db.store(Some(db.clone()));
+                    match self.reload(&db).await {
+                        Ok(n) => {
+                            tracing::info!(overrides = n, database = %self.settings.database_redacted(), "quota overrides loaded")
+                        }
+                        Err(e) => self.failed(&e),
+                    }
+                    return db;
+                }
+                Err(e) => {
+                    self.failed(&e);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RETRY);
+                }
+            }
+        }
+    }
+
+    /// PostgreSQL: reload as soon as any gateway announces a change; reconnect when the
+    /// listening connection drops (and reload then, since announcements may have been missed).
+    async fn listen(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let mut pause = Duration::from_millis(200);
+        loop {
+            let listener = async {
+                let mut l = sqlx::postgres::PgListener::connect(&self.settings.database).await?;
+                l.listen(db::CHANNEL).await?;
+                Ok::<_, sqlx::Error>(l)
+            };
+            let mut l = tokio::select! {
+                l = listener => l,
+                _ = shutdown.changed() => return,
+            };
+            match &mut l {
+                Ok(l) => {
+                    pause = Duration::from_millis(200);
+                    self.changed.notify_one();
+                    loop {
+                        tokio::select! {
+                            _ = shutdown.changed() => return,
+                            n = l.recv() => match n {
+                                Ok(_) => self.changed.notify_one(),
+                                Err(e) => { tracing::debug!("quota LISTEN dropped: {e}"); break }
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!("quota LISTEN failed: {e}"),
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_RETRY);
+        }
+    }
+}
