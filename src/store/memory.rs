@@ -83,6 +83,32 @@ impl MemoryStore {
         }
     }
 
+    /// Each check's decision for a request of cost 0 (remaining, reset), changing nothing.
+    pub fn peek(&self, checks: &[Check], now: u64, out: &mut Decisions) {
+        out.clear();
+        let locked = self.shards.lock(checks.iter().map(|c| &c.key));
+        for c in checks {
+            let key = c.key.for_algorithm(c.quota.algorithm);
+            let state = locked
+                .map(&key)
+                .get(&key)
+                .filter(|e| e.expires_at > now)
+                .map(|e| &e.state);
+            out.push(check(&c.quota, state, now, 0).decision);
+        }
+    }
+
+    /// Drop the counters of `checks`; how many there were.
+    pub fn remove(&self, checks: &[Check]) -> usize {
+        let mut locked = self.shards.lock(checks.iter().map(|c| &c.key));
+        let mut removed = 0;
+        for c in checks {
+            let key = c.key.for_algorithm(c.quota.algorithm);
+            removed += usize::from(locked.map_mut(&key).remove(&key).is_some());
+        }
+        removed
+    }
+
     fn make_room(&self, shard: &mut Shard, now: u64) {
         shard.retain(|_, e| e.expires_at > now);
         let target = self.shard_cap - (self.shard_cap / 16).max(1);

@@ -254,6 +254,38 @@ impl Store {
         }
     }
 
+    /// What each rate limit of `checks` has left now (remaining, ms until fully restored),
+    /// without consuming anything; and the time of the reading (the store's clock).
+    pub async fn peek(
+        &self,
+        checks: &[Check],
+        now: u64,
+    ) -> Result<(Vec<(u64, u64)>, u64), StoreError> {
+        match &self.backend {
+            Backend::Memory(m) => {
+                let mut d = Decisions::new();
+                m.counters.peek(checks, now, &mut d);
+                Ok((
+                    d.iter().map(|d| (d.remaining, d.reset_after_ms)).collect(),
+                    now,
+                ))
+            }
+            Backend::Redis(r) => {
+                let mut out = Vec::new();
+                let at = Box::pin(r.peek(checks, &mut out)).await?;
+                Ok((out, at))
+            }
+        }
+    }
+
+    /// Drop the counters of `checks` (a usage reset); how many there were.
+    pub async fn reset(&self, checks: &[Check]) -> Result<u64, StoreError> {
+        match &self.backend {
+            Backend::Memory(m) => Ok(m.counters.remove(checks) as u64),
+            Backend::Redis(r) => Box::pin(r.reset(checks)).await,
+        }
+    }
+
     /// Take one slot of every claim, all or nothing; see [`MemorySlots::take`] for `in_use`.
     /// `Some(guard)` when the request holds its slots.
     pub async fn take_slots(

@@ -36,6 +36,8 @@ use crate::limit::{Algorithm, Decision};
 
 /// Concurrency slots (`kind: concurrency`): their own take and release scripts.
 mod concurrency;
+/// Usage read and reset, for the quota admin API.
+mod usage;
 
 /// A check script: the prelude, the given algorithm files, and the all-or-nothing dispatcher.
 macro_rules! check_script {
