@@ -11,6 +11,7 @@
 //! Phase: `request_filter` reads the table ([`Quotas::lookup`]: one hash of the API key, one
 //! map lookup); the refresh task and the admin API run off the request path.
 
+pub mod client;
 pub mod db;
 pub mod model;
 pub mod table;
