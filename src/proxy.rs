@@ -23,6 +23,7 @@ use crate::config::{Config, LimitId, OnError, RouteId};
 use crate::headers;
 use crate::identity::{identify, Caller};
 use crate::limit::{Clock, Decision};
+use crate::observe::{self, Observer};
 use crate::refusal::Refusal;
 use crate::route::match_route;
 use crate::shed::{self, InFlight, Shedder};
@@ -37,6 +38,8 @@ pub struct Gateway {
     pub clock: Arc<dyn Clock>,
     /// Requests in flight in this process, for load shedding.
     pub shedder: Arc<Shedder>,
+    /// Metrics, top callers and the access log.
+    pub observer: Arc<Observer>,
 }
 
 /// Per-request state shared across the filters.
@@ -54,6 +57,8 @@ pub struct RequestCtx {
     in_flight: Option<InFlight>,
     /// The concurrency slots this request holds until dropped.
     slots: Option<HeldSlots>,
+    /// What the metrics and the access log need to know of this request.
+    obs: observe::Record,
 }
 
 /// Write an answer the gateway makes itself.
@@ -80,7 +85,7 @@ impl Gateway {
     /// Steps 1 to 4 of `request_filter`: `Ok` with what the limits admitted, or the refusal.
     async fn decide(
         &self,
-        cfg: &Config,
+        cfg: &Arc<Config>,
         session: &Session,
         ctx: &mut RequestCtx,
     ) -> std::result::Result<Admitted, Refused> {
@@ -89,6 +94,7 @@ impl Gateway {
 
         // 1. Who is calling.
         let caller = identify(cfg, &req.headers, peer).map_err(|e| refused(e.into()))?;
+        ctx.obs.identified(&caller, &self.observer);
 
         // 2. Which route.
         let host = req.uri.host().or_else(|| {
@@ -114,6 +120,7 @@ impl Gateway {
             &req.headers,
             caller.api_key,
         );
+        ctx.obs.class = Some(class);
         let in_flight = self
             .shedder
             .admit(class, cfg.shedding.as_ref())
@@ -130,8 +137,10 @@ impl Gateway {
             headers: &req.headers,
         };
         let mut report = Report::default();
+        let started = std::time::Instant::now();
         let outcome =
             admission::admit(&self.store, &request, self.clock.now_ms(), &mut report).await;
+        self.observer.decided(cfg, &report, started.elapsed());
         log_report(cfg, &caller, &report);
         outcome
     }
@@ -139,7 +148,7 @@ impl Gateway {
 
 /// Shadow limits that would have refused, and store failures the policies answered.
 fn log_report(cfg: &Config, caller: &Caller<'_>, report: &Report) {
-    for &id in &report.shadow_denied {
+    for id in report.shadow_denied() {
         tracing::info!(limit = %cfg.limit(id).name, client_ip = %caller.client_ip, "shadow limit would deny");
     }
     if let Some(e) = &report.store_error {
@@ -157,6 +166,7 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        ctx.obs = self.observer.begin(session);
         let cfg = self.config.snapshot();
         ctx.peer = session
             .client_addr()
@@ -164,6 +174,7 @@ impl ProxyHttp for Gateway {
             .map(|a| a.ip());
         // 1-4: identity, route, shedding, limits.
         let decided = self.decide(&cfg, session, ctx).await;
+        self.observer.verdict(&cfg, session, &mut ctx.obs, &decided);
         ctx.config = Some(cfg.clone());
         // 5. Answer, or proceed upstream with the headers of the decisive limit.
         match decided {
@@ -187,6 +198,7 @@ impl ProxyHttp for Gateway {
             return Error::e_explain(ErrorType::InternalError, "no route selected");
         };
         let addr = cfg.upstream(cfg.routes[route].upstream).pick();
+        ctx.obs.upstream(addr);
         let mut peer = HttpPeer::new(addr, false, String::new());
         peer.options.connection_timeout = Some(UPSTREAM_CONNECT_TIMEOUT);
         Ok(Box::new(peer))
@@ -198,6 +210,9 @@ impl ProxyHttp for Gateway {
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if let Some(id) = ctx.obs.generated_id(&self.observer) {
+            upstream_request.insert_header(observe::REQUEST_ID, id)?;
+        }
         let Some(peer) = ctx.peer else { return Ok(()) };
         let mut chain = String::new();
         for v in upstream_request.headers.get_all("x-forwarded-for") {
@@ -217,6 +232,7 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        ctx.obs.upstream_answered();
         if let (Some(cfg), Some((id, d))) = (&ctx.config, &ctx.decisive) {
             headers::apply(cfg, *id, d, ctx.decided_at, upstream_response);
         }
@@ -228,10 +244,13 @@ impl ProxyHttp for Gateway {
 
     /// The end of every request, answered or failed, including a client gone mid-request:
     /// give back its concurrency slots and leave the in-flight count. The guards would do the
-    /// same when the context drops; either way it happens exactly once.
-    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+    /// same when the context drops; either way it happens exactly once. Then its metrics
+    /// and access-log line.
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         ctx.slots = None;
         ctx.in_flight = None;
+        self.observer
+            .finish(session, ctx.config.as_ref(), ctx.route, &ctx.obs);
     }
 
     /// A client that goes away mid-request (closed, reset, a failed read or write on its side)

@@ -17,6 +17,7 @@ use crate::admin::Admin;
 use crate::config::reload::ConfigHandle;
 use crate::demo::DemoUpstream;
 use crate::limit::{Clock, SystemClock};
+use crate::observe::Observer;
 use crate::proxy::Gateway;
 use crate::shed::Shedder;
 use crate::store::Store;
@@ -29,6 +30,8 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 pub enum StartError {
     #[error("cannot set up the store: {0}")]
     Store(crate::store::StoreError),
+    #[error("cannot open the access log: {0}")]
+    AccessLog(std::io::Error),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         addr: SocketAddr,
@@ -92,11 +95,14 @@ pub fn run(config: Arc<ConfigHandle>) -> Result<(), StartError> {
 
     let store = Arc::new(Store::new(&startup.store).map_err(StartError::Store)?);
     let shedder = Arc::new(Shedder::new());
+    let observer = Observer::new(config.clone(), store.clone(), shedder.clone());
+    let observer = Arc::new(observer.map_err(StartError::AccessLog)?);
     let gateway = Gateway {
         config: config.clone(),
         store: store.clone(),
         clock: Arc::new(SystemClock),
         shedder: shedder.clone(),
+        observer: observer.clone(),
     };
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
@@ -111,6 +117,7 @@ pub fn run(config: Arc<ConfigHandle>) -> Result<(), StartError> {
             config: config.clone(),
             store: store.clone(),
             shedder,
+            observer,
         },
     );
     admin.add_tcp(&startup.server.admin_listen.to_string());

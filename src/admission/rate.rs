@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::policy::{self, Failure};
-use super::{Admitted, Refused, Report, Request};
+use super::{Admitted, Refused, Report, Request, Source};
 use crate::config::{Config, LimitId};
 use crate::limit::Decision;
 use crate::refusal::Refusal;
@@ -50,28 +50,29 @@ pub(super) async fn check(
     let mut decisions = Decisions::new();
     match store.check(&checks, now, &mut decisions).await {
         Ok(at) => {
-            let decided = most_restrictive(&checks, &decisions, report);
+            let source = Source::of_store(store);
+            let decided = most_restrictive(&checks, &decisions, source, report);
             verdict(decided, at, None)
         }
         Err(e) => {
             report.store_error = Some(e);
+            report.failed.extend(checks.iter().map(|c| c.id));
             on_store_error(req.cfg, store, &mut checks, now, &mut decisions, report)
         }
     }
 }
 
-/// The most restrictive enforcing decision; shadow limits that would deny are reported.
+/// The most restrictive enforcing decision; every limit's own decision is reported.
 fn most_restrictive(
     checks: &[Check],
     decisions: &[Decision],
+    source: Source,
     report: &mut Report,
 ) -> Option<(LimitId, Decision)> {
     let mut decisive: Option<(LimitId, Decision)> = None;
     for (c, d) in checks.iter().zip(decisions) {
+        report.decide(c.id, d.allowed, c.shadow, source, Some(used(d)));
         if c.shadow {
-            if !d.allowed {
-                report.shadow_denied.push(c.id);
-            }
             continue;
         }
         if decisive.is_none_or(|(_, best)| d.more_restrictive_than(&best)) {
@@ -79,6 +80,14 @@ fn most_restrictive(
         }
     }
     decisive
+}
+
+/// The fraction of a rate limit used after a decision: 1 when denied.
+fn used(d: &Decision) -> f64 {
+    if !d.allowed || d.limit == 0 {
+        return 1.0;
+    }
+    1.0 - d.remaining.min(d.limit) as f64 / d.limit as f64
 }
 
 fn verdict(
@@ -128,7 +137,7 @@ fn on_store_error(
                 c.quota = cfg.limit(c.id).rate().local_quota;
             }
             store.local().counters.check(checks, now, decisions);
-            let decided = most_restrictive(checks, decisions, report);
+            let decided = most_restrictive(checks, decisions, Source::Local, report);
             verdict(decided, now, degraded)
         }
     }

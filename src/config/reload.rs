@@ -28,6 +28,8 @@ pub struct ConfigHandle {
     last_seen: AtomicU64,
     /// Successful reloads since start.
     pub generation: AtomicU64,
+    /// Reloads rejected (the file did not validate) since start.
+    pub rejected: AtomicU64,
     /// Set by the SIGHUP handler, cleared by the watcher.
     hup: Arc<AtomicBool>,
 }
@@ -44,6 +46,7 @@ impl ConfigHandle {
             overrides,
             last_seen: AtomicU64::new(last_seen),
             generation: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
             hup: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -68,7 +71,9 @@ impl ConfigHandle {
             self.last_seen
                 .store(content_hash(&bytes), Ordering::Relaxed);
         }
-        let mut next = load(path, &self.overrides)?;
+        let mut next = load(path, &self.overrides).inspect_err(|_| {
+            self.rejected.fetch_add(1, Ordering::Relaxed);
+        })?;
         let old = self.current.load();
         let changed = old.startup.changes(&next.startup);
         if !changed.is_empty() {
