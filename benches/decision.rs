@@ -10,13 +10,16 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use http::HeaderMap;
+use tollgate::config::reload::ConfigHandle;
 use tollgate::config::{from_yaml, Overrides};
 use tollgate::limit::{check, Algorithm, Quota};
+use tollgate::observe::Observer;
+use tollgate::shed::Shedder;
 use tollgate::store::Store;
 
 #[path = "support/decide.rs"]
 mod support;
-use support::{allocations_per_request, decide};
+use support::{allocations_per_request, decide, decide_and_count};
 
 const CONFIG: &str = r#"
 identity: { trusted_proxies: ["127.0.0.1/32"] }
@@ -26,6 +29,7 @@ tiers:
     - { name: free-hour, limit: 100000000, window: 1h }
 api_keys: { demo-free: free }
 default_tier: free
+access_log: { enabled: false }
 upstreams: { backend: ["127.0.0.1:9000"] }
 routes:
   - { name: orders, match: { methods: [POST], path_prefix: /api/v1/orders }, upstream: backend }
@@ -55,6 +59,26 @@ fn request_path(c: &mut Criterion) {
             b.iter(|| {
                 now += 1;
                 let a = decide(&cfg, &store, &headers, peer, "/api/v1/items/7", now);
+                black_box(a.decisive)
+            })
+        },
+    );
+
+    // The same with every decision counted in the Prometheus metrics, as the gateway does.
+    let handle = Arc::new(ConfigHandle::new(
+        from_yaml("bench.yaml", CONFIG, &Overrides::default()).expect("config"),
+        None,
+        Overrides::default(),
+    ));
+    let counted_cfg = handle.snapshot();
+    let observer =
+        Observer::new(handle, store.clone(), Arc::new(Shedder::new())).expect("observer");
+    c.bench_function(
+        "request + metrics: identify+route+admit+count, memory store (3 limits)",
+        |b| {
+            b.iter(|| {
+                now += 1;
+                let a = decide_and_count(&observer, &counted_cfg, &store, &headers, peer, now);
                 black_box(a.decisive)
             })
         },

@@ -10,9 +10,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use http::{HeaderMap, Method};
+use std::time::Duration;
+
 use tollgate::admission::{admit, Admitted, Report, Request};
 use tollgate::config::Config;
 use tollgate::identity::identify;
+use tollgate::observe::Observer;
 use tollgate::route::match_route;
 use tollgate::store::Store;
 
@@ -64,6 +67,32 @@ pub fn decide(
     path: &str,
     now: u64,
 ) -> Admitted {
+    decide_with(cfg, store, headers, peer, path, now, |_| {})
+}
+
+/// [`decide`], then the metrics of its decisions as `request_filter` counts them.
+pub fn decide_and_count(
+    observer: &Observer,
+    cfg: &Arc<Config>,
+    store: &Arc<Store>,
+    headers: &HeaderMap,
+    peer: IpAddr,
+    now: u64,
+) -> Admitted {
+    decide_with(cfg, store, headers, peer, "/x", now, |report| {
+        observer.decided(cfg, report, Duration::from_micros(1))
+    })
+}
+
+fn decide_with(
+    cfg: &Config,
+    store: &Arc<Store>,
+    headers: &HeaderMap,
+    peer: IpAddr,
+    path: &str,
+    now: u64,
+    count: impl FnOnce(&Report),
+) -> Admitted {
     let method = Method::GET;
     let caller = identify(cfg, headers, peer).expect("identified");
     let r = match_route(cfg, &method, Some("example.com"), path).expect("a route");
@@ -75,7 +104,9 @@ pub fn decide(
         headers,
     };
     let mut report = Report::default();
-    now_or_never(admit(store, &req, now, &mut report)).expect("admitted")
+    let admitted = now_or_never(admit(store, &req, now, &mut report)).expect("admitted");
+    count(&report);
+    admitted
 }
 
 /// Heap allocations per request of [`decide`] in steady state: every caller seen before.
@@ -85,16 +116,21 @@ pub fn allocations_per_request(
     headers: &HeaderMap,
     peer: IpAddr,
 ) -> f64 {
+    allocations_per(|now| decide(cfg, store, headers, peer, "/x", now))
+}
+
+/// Heap allocations per call of `f(now)`, after 1,000 calls to warm up.
+pub fn allocations_per(mut f: impl FnMut(u64) -> Admitted) -> f64 {
     let mut now = 1_700_000_000_000u64;
     for _ in 0..1_000 {
         now += 1;
-        std::hint::black_box(decide(cfg, store, headers, peer, "/x", now));
+        std::hint::black_box(f(now));
     }
     let n = 10_000u64;
     let before = allocations();
     for _ in 0..n {
         now += 1;
-        std::hint::black_box(decide(cfg, store, headers, peer, "/x", now));
+        std::hint::black_box(f(now));
     }
     (allocations() - before) as f64 / n as f64
 }
