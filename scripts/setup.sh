@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what building and testing tollgate needs on a fresh Debian/Ubuntu machine with Rust:
 # cmake (Pingora's libz-ng-sys), redis-server/redis-sentinel/redis-tools (integration tests),
-# faketime (clock-skew test). Does nothing for tools already present.
+# faketime (clock-skew test), prometheus with promtool and chromium (observability tests). Does
+# nothing for tools already present.
 set -euo pipefail
 
 need=()
@@ -12,6 +13,8 @@ if [ "${1:-}" != "--build-only" ]; then
   command -v redis-sentinel >/dev/null || need+=(redis-sentinel)
   command -v faketime >/dev/null || need+=(faketime)
   command -v openssl >/dev/null || need+=(openssl)
+  command -v promtool >/dev/null || need+=(prometheus)
+  command -v chromium >/dev/null || need+=(chromium)
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 

@@ -75,7 +75,7 @@ macro_rules! fixtures {
 
 fixtures! {
     unknown_section => "unknown-section.yaml": [
-        "limit: unknown section, expected one of server, store, identity, tiers, api_keys, default_tier, upstreams, routes, limits, shedding, headers",
+        "limit: unknown section, expected one of server, store, identity, tiers, api_keys, default_tier, upstreams, routes, limits, shedding, headers, access_log, admin",
     ],
     misspelled_limit_key => "misspelled-limit-key.yaml": [
         "limits[0].limt: unknown field `limt`, expected one of `name`, `kind`, `key`, `algorithm`, `limit`, `window`, `timeout`, `burst`, `anonymous_only`, `shadow`, `on_error`, `routes`",
@@ -214,6 +214,14 @@ fixtures! {
     ],
     shedding_empty_test_traffic => "shedding-empty-test-traffic.yaml": [
         "shedding.test_traffic: set `header`, `api_key_prefix` or both",
+    ],
+    admin_token_env_not_set => "admin-token-unset.yaml": [
+        "admin.token_env: environment variable TOLLGATE_TEST_UNSET_SECRET is not set (it must hold the admin bearer token)",
+    ],
+    bad_access_log => "bad-access-log.yaml": [
+        r#"access_log.format: "xml" is not an access-log format (text, json)"#,
+        "access_log.sample: 1.5 must be greater than 0 and at most 1",
+        "access_log.buffer: must be at least 1",
     ],
 }
 

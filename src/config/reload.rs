@@ -30,6 +30,8 @@ pub struct ConfigHandle {
     pub generation: AtomicU64,
     /// Reloads rejected (the file did not validate) since start.
     pub rejected: AtomicU64,
+    /// Whether the last reload attempt succeeded (true before any).
+    pub last_reload_ok: AtomicBool,
     /// Set by the SIGHUP handler, cleared by the watcher.
     hup: Arc<AtomicBool>,
 }
@@ -47,6 +49,7 @@ impl ConfigHandle {
             last_seen: AtomicU64::new(last_seen),
             generation: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
+            last_reload_ok: AtomicBool::new(true),
             hup: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -73,6 +76,7 @@ impl ConfigHandle {
         }
         let mut next = load(path, &self.overrides).inspect_err(|_| {
             self.rejected.fetch_add(1, Ordering::Relaxed);
+            self.last_reload_ok.store(false, Ordering::Relaxed);
         })?;
         let old = self.current.load();
         let changed = old.startup.changes(&next.startup);
@@ -88,6 +92,7 @@ impl ConfigHandle {
         let next = Arc::new(next);
         self.current.store(next.clone());
         self.generation.fetch_add(1, Ordering::Relaxed);
+        self.last_reload_ok.store(true, Ordering::Relaxed);
         Ok(next)
     }
 

@@ -253,13 +253,13 @@ pub fn normalize_path(path: &str) -> String {
 /// Secrets shorter than this are not searched for (they would match ordinary text).
 const MIN_SECRET: usize = 6;
 
-/// `v` with every copy of a secret (the caller's API key, its bearer token) replaced by
-/// `replacement`, and anything shaped like a JWT (`eyJ…` with two dots) by `[jwt]`.
-pub fn scrub(v: &str, secrets: &[&str], replacement: &str) -> String {
+/// `v` with every copy of a secret (the caller's API key, its bearer token) replaced by what
+/// stands for it, and anything shaped like a JWT (`eyJ…` with two dots) by `[jwt]`.
+pub fn scrub(v: &str, secrets: &[(&str, &str)]) -> String {
     let mut out = v.to_string();
-    for s in secrets.iter().filter(|s| s.len() >= MIN_SECRET) {
-        if out.contains(s) {
-            out = out.replace(s, replacement);
+    for (secret, replacement) in secrets.iter().filter(|(s, _)| s.len() >= MIN_SECRET) {
+        if out.contains(secret) {
+            out = out.replace(secret, replacement);
         }
     }
     while let Some((start, end)) = find_jwt(&out) {

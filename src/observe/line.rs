@@ -33,9 +33,12 @@ impl Observer {
             .and_then(|j| req.headers.get(&j.header))
             .and_then(|v| v.to_str().ok())
             .map(|v| v.strip_prefix("Bearer ").unwrap_or(v));
-        let secrets: Vec<&str> = key.into_iter().chain(bearer).collect();
-        let mask = fp.as_deref().unwrap_or("[secret]");
-        let clean = |v: &str| scrub(v, &secrets, mask);
+        let mut secrets: Vec<(&str, &str)> = Vec::with_capacity(2);
+        if let (Some(k), Some(fp)) = (key, &fp) {
+            secrets.push((k, fp));
+        }
+        secrets.extend(bearer.map(|b| (b, "[token]")));
+        let clean = |v: &str| scrub(v, &secrets);
         let header = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
         let request_id = match rec.generated_id(self) {
             Some(id) => id,

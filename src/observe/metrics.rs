@@ -87,6 +87,7 @@ pub struct Metrics {
     breaker_transitions: IntCounterVec,
     config_reloads: IntCounterVec,
     config_generation: IntGauge,
+    config_last_ok: IntGauge,
     quota: HistogramVec,
     pub(super) access_log_lines: IntCounter,
     pub(super) access_log_dropped: IntCounter,
@@ -157,6 +158,7 @@ impl Metrics {
             breaker_transitions: counter_vec(&r, "tollgate_breaker_transitions_total", "Circuit breaker state changes, by the state entered.", &["state"]),
             config_reloads: counter_vec(&r, "tollgate_config_reloads_total", "Config reloads, by result.", &["result"]),
             config_generation: gauge(&r, "tollgate_config_generation", "Successful config reloads since start."),
+            config_last_ok: gauge(&r, "tollgate_config_last_reload_successful", "1 when the last config reload succeeded (or none was tried), 0 when it was rejected."),
             quota: histogram_vec(&r, "tollgate_quota_utilization_ratio", "Fraction of a tier limit used at decision time (1 when denied), by tier.", &["tier"], QUOTA_BUCKETS),
             access_log_lines: counter(&r, "tollgate_access_log_lines_total", "Access-log lines written."),
             access_log_dropped: counter(&r, "tollgate_access_log_dropped_total", "Access-log lines dropped because the writer's buffer was full."),
@@ -211,6 +213,8 @@ impl Metrics {
         );
         let failed = config.rejected.load(Ordering::Relaxed);
         set(&self.config_reloads.with_label_values(&["failure"]), failed);
+        let last_ok = config.last_reload_ok.load(Ordering::Relaxed);
+        self.config_last_ok.set(i64::from(last_ok));
     }
 
     /// The text exposition of every metric.

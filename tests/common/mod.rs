@@ -11,6 +11,9 @@
 //! - [`load`]: the one load generator, `Load`: bursts, and `Driver`s in the background.
 //! - [`faults`]: signals, a latency-injecting TCP proxy, libfaketime.
 //! - [`redis`]: real `redis-server` processes: single, cluster, sentinel.
+//! - [`scrape`]: `/metrics` parsed by a real exposition-format parser, and `promtool`.
+//! - [`prometheus`]: a real Prometheus server scraping gateways, queried with PromQL.
+//! - [`browser`]: headless Chromium: a page's DOM after its scripts ran, screenshots.
 //! - [`clock`]: the wall clock and fixed-window boundaries.
 //!
 //! Every wait is bounded; nothing listens or connects outside 127.0.0.0/8. A missing program
@@ -20,13 +23,16 @@
 //! so a reader sees where each helper lives.
 #![allow(dead_code)] // Each test binary uses a different part of the harness.
 
+pub mod browser;
 pub mod clock;
 pub mod faults;
 pub mod gateway;
 pub mod http;
 pub mod load;
 pub mod process;
+pub mod prometheus;
 pub mod raw;
 pub mod redis;
+pub mod scrape;
 pub mod upstream;
 pub mod wait;
