@@ -58,7 +58,7 @@ fn request_path(c: &mut Criterion) {
         |b| {
             b.iter(|| {
                 now += 1;
-                let a = decide(&cfg, &store, &headers, peer, "/api/v1/items/7", now);
+                let (a, _) = decide(&cfg, &store, &headers, peer, "/api/v1/items/7", now);
                 black_box(a.decisive)
             })
         },
@@ -85,7 +85,7 @@ fn request_path(c: &mut Criterion) {
     );
 
     // The response side: the decisive limit's five headers added to an upstream response.
-    let admitted = decide(&cfg, &store, &headers, peer, "/x", now);
+    let (admitted, _) = decide(&cfg, &store, &headers, peer, "/x", now);
     let (id, decision) = admitted.decisive.expect("a decisive limit");
     c.bench_function(
         "response headers: RateLimit, RateLimit-Policy, X-RateLimit-*",
@@ -114,7 +114,7 @@ fn request_path(c: &mut Criterion) {
         b.iter(|| {
             now += 1;
             i = (i + 1) % keys.len();
-            let a = decide(&cfg, &store, &keys[i], peer, "/x", now);
+            let (a, _) = decide(&cfg, &store, &keys[i], peer, "/x", now);
             black_box(a.decisive)
         })
     });

@@ -7,7 +7,8 @@
 # core 1. Every process is started here on free loopback ports and stopped at the end.
 #
 # Usage: loadtest/cpu.sh [-s SECONDS] [-c CONNECTIONS] [-r ROUNDS] LABEL=BINARY=CONFIG ...
-#   CONFIG is a gateway.yaml in which __UPSTREAM__ stands for the upstream's host:port.
+#   CONFIG is a gateway.yaml in which __UPSTREAM__ stands for the upstream's host:port and
+#   __TMP__ for a temporary directory removed at the end (for access logs).
 # Example (this tree against an older build):
 #   loadtest/cpu.sh before=/tmp/old/tollgate=loadtest/configs/one-limit.yaml \
 #                   after=target/release/tollgate=loadtest/configs/one-limit.yaml
@@ -42,7 +43,7 @@ labels=() ports=() gpids=()
 for row in "$@"; do
   IFS== read -r label bin cfg <<<"$row"
   port=$(free_port)
-  sed "s/__UPSTREAM__/127.0.0.1:$up/" "$cfg" > "$dir/$label.yaml"
+  sed "s/__UPSTREAM__/127.0.0.1:$up/; s|__TMP__|$dir|" "$cfg" > "$dir/$label.yaml"
   taskset -c 0 "$bin" -c "$dir/$label.yaml" --listen "127.0.0.1:$port" \
     --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/$label.log" & pids+=($!)
   labels+=("$label") ports+=("$port") gpids+=($!)

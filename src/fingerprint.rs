@@ -19,40 +19,53 @@ pub const LEN: usize = 8;
 
 /// The fingerprint of one API key: 8 lowercase hex digits, shown as `fp:1a2b3c4d`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Fingerprint([u8; LEN]);
+pub struct Fingerprint([u8; PREFIX.len() + LEN]);
+
+const PREFIX: &str = "fp:";
 
 /// The fingerprint of `api_key`. No allocation.
 pub fn fingerprint(api_key: &str) -> Fingerprint {
     static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
     let key = KEY.get_or_init(|| blake3::derive_key(CONTEXT, b""));
     let hash = blake3::keyed_hash(key, api_key.as_bytes());
-    let mut out = [0u8; LEN];
+    let mut out = [0u8; PREFIX.len() + LEN];
+    out[..PREFIX.len()].copy_from_slice(PREFIX.as_bytes());
     const HEX: &[u8; 16] = b"0123456789abcdef";
     for (i, b) in hash.as_bytes()[..LEN / 2].iter().enumerate() {
-        out[2 * i] = HEX[usize::from(b >> 4)];
-        out[2 * i + 1] = HEX[usize::from(b & 0xf)];
+        out[PREFIX.len() + 2 * i] = HEX[usize::from(b >> 4)];
+        out[PREFIX.len() + 2 * i + 1] = HEX[usize::from(b & 0xf)];
     }
     Fingerprint(out)
 }
 
 impl Fingerprint {
+    /// `fp:` and the 8 hex digits.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("ASCII")
+    }
+
     /// The 8 hex digits, without the `fp:` prefix.
     pub fn hex(&self) -> &str {
-        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
+        &self.as_str()[PREFIX.len()..]
     }
 
     /// Parse 8 hex digits (as the quota admin API's `fp:<fingerprint>` names them).
     pub fn parse(hex: &str) -> Option<Fingerprint> {
         let b = hex.as_bytes();
         let ok = b.len() == LEN && b.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
-        ok.then(|| Fingerprint(b.try_into().expect("LEN bytes")))
+        ok.then(|| {
+            let mut out = [0u8; PREFIX.len() + LEN];
+            out[..PREFIX.len()].copy_from_slice(PREFIX.as_bytes());
+            out[PREFIX.len()..].copy_from_slice(b);
+            Fingerprint(out)
+        })
     }
 }
 
 impl fmt::Display for Fingerprint {
     /// `fp:1a2b3c4d`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "fp:{}", self.hex())
+        f.write_str(self.as_str())
     }
 }
 

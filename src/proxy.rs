@@ -94,7 +94,7 @@ impl Gateway {
 
         // 1. Who is calling.
         let caller = identify(cfg, &req.headers, peer).map_err(|e| refused(e.into()))?;
-        ctx.obs.identified(&caller, &self.observer);
+        ctx.obs.identified(&caller);
 
         // 2. Which route.
         let host = req.uri.host().or_else(|| {

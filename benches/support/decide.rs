@@ -58,7 +58,8 @@ pub fn now_or_never<F: Future>(f: F) -> F::Output {
     }
 }
 
-/// What `request_filter` does to decide a GET of `path`: identify, route, admit.
+/// What `request_filter` does to decide a GET of `path`: identify, route, admit. With the
+/// admission's report, for the metrics.
 pub fn decide(
     cfg: &Config,
     store: &Arc<Store>,
@@ -66,33 +67,7 @@ pub fn decide(
     peer: IpAddr,
     path: &str,
     now: u64,
-) -> Admitted {
-    decide_with(cfg, store, headers, peer, path, now, |_| {})
-}
-
-/// [`decide`], then the metrics of its decisions as `request_filter` counts them.
-pub fn decide_and_count(
-    observer: &Observer,
-    cfg: &Arc<Config>,
-    store: &Arc<Store>,
-    headers: &HeaderMap,
-    peer: IpAddr,
-    now: u64,
-) -> Admitted {
-    decide_with(cfg, store, headers, peer, "/x", now, |report| {
-        observer.decided(cfg, report, Duration::from_micros(1))
-    })
-}
-
-fn decide_with(
-    cfg: &Config,
-    store: &Arc<Store>,
-    headers: &HeaderMap,
-    peer: IpAddr,
-    path: &str,
-    now: u64,
-    count: impl FnOnce(&Report),
-) -> Admitted {
+) -> (Admitted, Report) {
     let method = Method::GET;
     let caller = identify(cfg, headers, peer).expect("identified");
     let r = match_route(cfg, &method, Some("example.com"), path).expect("a route");
@@ -105,7 +80,20 @@ fn decide_with(
     };
     let mut report = Report::default();
     let admitted = now_or_never(admit(store, &req, now, &mut report)).expect("admitted");
-    count(&report);
+    (admitted, report)
+}
+
+/// [`decide`] a GET of `/x`, then count its decisions in the metrics as `request_filter` does.
+pub fn decide_and_count(
+    observer: &Observer,
+    cfg: &Arc<Config>,
+    store: &Arc<Store>,
+    headers: &HeaderMap,
+    peer: IpAddr,
+    now: u64,
+) -> Admitted {
+    let (admitted, report) = decide(cfg, store, headers, peer, "/x", now);
+    observer.decided(cfg, &report, Duration::from_micros(1));
     admitted
 }
 
@@ -116,7 +104,7 @@ pub fn allocations_per_request(
     headers: &HeaderMap,
     peer: IpAddr,
 ) -> f64 {
-    allocations_per(|now| decide(cfg, store, headers, peer, "/x", now))
+    allocations_per(|now| decide(cfg, store, headers, peer, "/x", now).0)
 }
 
 /// Heap allocations per call of `f(now)`, after 1,000 calls to warm up.

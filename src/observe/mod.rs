@@ -58,7 +58,7 @@ pub struct Record {
     /// Set when the request came without a usable `X-Request-Id`: the number of the one made.
     generated_id: Option<u64>,
     client_ip: Option<IpAddr>,
-    /// A JWT user's claim, kept only while the access log is on.
+    /// A JWT user's claim (for `/top` and the log line).
     user: Option<String>,
     /// The request's priority class, once classified.
     pub class: Option<Priority>,
@@ -70,12 +70,11 @@ pub struct Record {
 }
 
 impl Record {
-    /// Who is calling (after identity).
-    pub fn identified(&mut self, caller: &Caller<'_>, observer: &Observer) {
+    /// Who is calling (after identity). Only a JWT user costs an allocation, next to the
+    /// token's verification.
+    pub fn identified(&mut self, caller: &Caller<'_>) {
         self.client_ip = Some(caller.client_ip);
-        if observer.logging.load().enabled {
-            self.user.clone_from(&caller.user);
-        }
+        self.user.clone_from(&caller.user);
     }
 
     /// The upstream server picked; its time starts now.
@@ -91,7 +90,13 @@ impl Record {
 
     /// The request id to forward upstream when the client sent none (or an unusable one).
     pub fn generated_id(&self, observer: &Observer) -> Option<String> {
-        self.generated_id.map(|n| observer.request_id(n))
+        self.generated_id.map(|n| {
+            line::RequestId::Made {
+                instance: observer.instance,
+                n,
+            }
+            .to_string()
+        })
     }
 }
 
@@ -112,6 +117,8 @@ pub struct Observer {
     /// This process among all gateways, and the requests numbered so far, for request ids.
     instance: u64,
     requests: AtomicU64,
+    /// Requests considered for the access log, for sampling.
+    considered: AtomicU64,
 }
 
 impl Observer {
@@ -144,6 +151,7 @@ impl Observer {
             log,
             instance: crate::store::instance_id(),
             requests: AtomicU64::new(0),
+            considered: AtomicU64::new(0),
         })
     }
 
@@ -186,10 +194,6 @@ impl Observer {
             generated_id: (!usable).then(|| self.requests.fetch_add(1, Ordering::Relaxed)),
             ..Record::default()
         }
-    }
-
-    fn request_id(&self, n: u64) -> String {
-        format!("{:016x}-{n:x}", self.instance)
     }
 
     /// What admission decided, `took` long: decisions by limit, failure policies, check time
@@ -280,7 +284,8 @@ impl Observer {
         let Some(log) = &self.log else { return };
         let logging = self.logging.load();
         if logging.enabled && self.sampled(logging.sample) {
-            log.send(self.line(&cfg, session, route, rec, status, took));
+            let request = (&cfg, session, route, rec);
+            log.log(|out| self.write_line(out, logging.format, request, status, took));
         }
     }
 
@@ -289,8 +294,7 @@ impl Observer {
         if sample >= 1.0 {
             return true;
         }
-        static SEEN: AtomicU64 = AtomicU64::new(0);
-        let n = SEEN.fetch_add(1, Ordering::Relaxed) as f64;
+        let n = self.considered.fetch_add(1, Ordering::Relaxed) as f64;
         (n * sample).floor() != ((n + 1.0) * sample).floor()
     }
 
@@ -302,8 +306,8 @@ impl Observer {
         if let Some(log) = &self.log {
             let m = &self.metrics;
             let add = |c: &prometheus::IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
-            add(&m.access_log_dropped, log.dropped.load(Ordering::Relaxed));
-            add(&m.access_log_lines, log.written.load(Ordering::Relaxed));
+            add(&m.access_log_dropped, log.dropped());
+            add(&m.access_log_lines, log.written());
         }
         self.metrics.render()
     }

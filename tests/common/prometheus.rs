@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
-use super::http::{client_builder, http_ok};
+use super::http::client_builder;
 use super::process::{free_port, loopback, on_free_ports, Proc};
 use super::scrape::PROMETHEUS_INSTALL;
 use super::wait::eventually;
@@ -45,16 +45,14 @@ impl Prometheus {
                     dir.path().join("data").display()
                 ))
                 .arg(format!("--web.listen-address={addr}"));
-            let mut proc = Proc::spawn("prometheus", cmd, PROMETHEUS_INSTALL);
             let ready = format!("http://{addr}/-/ready");
-            proc.wait_ready(|| http_ok(client, &ready))
-                .await
-                .map(|()| Prometheus {
-                    addr,
-                    proc,
-                    _dir: dir,
-                    client: client.clone(),
-                })
+            let proc = Proc::spawn("prometheus", cmd, PROMETHEUS_INSTALL);
+            proc.answering(client, &ready).await.map(|proc| Prometheus {
+                addr,
+                proc,
+                _dir: dir,
+                client: client.clone(),
+            })
         })
         .await
     }
