@@ -11,6 +11,7 @@
 //! off), and the admin listener. Label handles are resolved once per config, not per request.
 
 pub mod access_log;
+pub mod format;
 pub mod metrics;
 pub mod top;
 
@@ -89,14 +90,13 @@ impl Record {
     }
 
     /// The request id to forward upstream when the client sent none (or an unusable one).
-    pub fn generated_id(&self, observer: &Observer) -> Option<String> {
-        self.generated_id.map(|n| {
-            line::RequestId::Made {
-                instance: observer.instance,
-                n,
-            }
-            .to_string()
-        })
+    pub fn generated_id(&self, observer: &Observer) -> Option<http::HeaderValue> {
+        let n = self.generated_id?;
+        let mut id = Vec::with_capacity(33);
+        format::push_hex(&mut id, observer.instance, 16);
+        id.push(b'-');
+        format::push_hex(&mut id, n, 1);
+        http::HeaderValue::from_maybe_shared(bytes::Bytes::from(id)).ok()
     }
 }
 
@@ -184,10 +184,11 @@ impl Observer {
 
     /// A request starts: its clock, and its id unless the client sent a usable one.
     pub fn begin(&self, session: &Session) -> Record {
+        const NAME: http::HeaderName = http::HeaderName::from_static(REQUEST_ID);
         let usable = session
             .req_header()
             .headers
-            .get(REQUEST_ID)
+            .get(NAME)
             .is_some_and(|v| usable_request_id(v.as_bytes()));
         Record {
             start: Some(Instant::now()),

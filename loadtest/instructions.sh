@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Instructions per proxied request of tollgate gateways, counted by valgrind's callgrind: the
+# repeatable companion of cpu.sh on machines where CPU time drifts 20-40% from minute to
+# minute. Each row runs its gateway under callgrind (all threads), warms it up with 200
+# requests, zeroes the counters, sends N requests one after the other on one keep-alive
+# connection, and dumps the counters: instructions of the whole process divided by N. The
+# upstream is NGINX `return 200`. Every process is started here on free loopback ports and
+# stopped at the end.
+#
+# Usage: loadtest/instructions.sh [-n REQUESTS] LABEL=BINARY=CONFIG ...
+#   CONFIG as for cpu.sh (__UPSTREAM__ and __TMP__ are substituted). With KEEP=DIR the
+#   callgrind files are kept there as LABEL.cg.*, for callgrind_annotate.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=3000
+while getopts n: o; do
+  case $o in n) n=$OPTARG ;; *) exit 2 ;; esac
+done
+shift $((OPTIND - 1))
+[ $# -ge 1 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+for t in nginx valgrind callgrind_control python3 taskset curl; do
+  command -v $t >/dev/null || { echo "needs $t: apt-get install -y nginx valgrind python3 util-linux curl" >&2; exit 1; }
+done
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+dir=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
+trap cleanup EXIT
+
+up=$(free_port)
+mkdir -p "$dir/logs"
+cat > "$dir/upstream.conf" <<CONF
+worker_processes 1; daemon off; pid $dir/up.pid; error_log $dir/logs/up.err;
+events { worker_connections 4096; }
+http { access_log off;
+  server { listen 127.0.0.1:$up; keepalive_requests 1000000; location / { return 200 "ok"; } } }
+CONF
+taskset -c 1 nginx -p "$dir" -c "$dir/upstream.conf" & pids+=($!)
+
+# Send $2 GETs to port $1 on one keep-alive connection, one after the other.
+send() {
+  taskset -c 1 python3 - "$1" "$2" <<'PY'
+import http.client, sys
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=60)
+for _ in range(int(sys.argv[2])):
+    c.request("GET", "/x")
+    r = c.getresponse(); r.read()
+    if r.status != 200: sys.exit(f"status {r.status}")
+PY
+}
+
+echo "| row | instructions per request | ÷ ${1%%=*} |"
+echo "|---|---|---|"
+base=""
+for row in "$@"; do
+  IFS== read -r label bin cfg <<<"$row"
+  port=$(free_port) admin=$(free_port)
+  sed "s/__UPSTREAM__/127.0.0.1:$up/; s|__TMP__|$dir|" "$cfg" > "$dir/$label.yaml"
+  taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$dir/$label.cg" \
+    "$bin" -c "$dir/$label.yaml" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
+    >"$dir/$label.out" 2>"$dir/$label.log" & pid=$!
+  pids+=($pid)
+  for _ in $(seq 240); do curl -sf "http://127.0.0.1:$admin/healthz" >/dev/null && break; sleep 0.5; done
+  send "$port" 200
+  callgrind_control -z "$pid" >/dev/null 2>&1
+  send "$port" "$n"
+  callgrind_control -d "$pid" >/dev/null 2>&1
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  total=$(grep -h '^totals:' "$dir/$label.cg".* | tail -1 | awk '{print $2}')
+  [ -n "${KEEP:-}" ] && cp "$dir/$label.cg".* "$KEEP/"
+  per=$((total / n))
+  base=${base:-$per}
+  python3 -c "print(f'| $label | {$per:,} | {$per / $base:.3f} |')"
+done
+echo "(callgrind, all threads; $n requests on one keep-alive connection after 200 to warm up; NGINX upstream)"
