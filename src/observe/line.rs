@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 use pingora_proxy::Session;
 
 use super::format::{self, Value};
-use super::{api_key, Observer, Record, Verdict, REQUEST_ID};
+use super::{api_key, Observer, Record, Verdict, REQUEST_ID_NAME};
 use crate::config::{AccessLogFormat, Config, RouteId};
 use crate::fingerprint::fingerprint;
 
@@ -131,15 +131,15 @@ impl Observer {
         if let Some(b) = bearer {
             secrets[1] = (b, "[token]");
         }
-        let header = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
+        let header = |name: &http::HeaderName| req.headers.get(name).and_then(|v| v.to_str().ok());
         let client_id = match rec.generated_id {
             Some(_) => None,
-            None => Some(scrub(header(REQUEST_ID).unwrap_or("-"), &secrets)),
+            None => Some(scrub(header(&REQUEST_ID_NAME).unwrap_or("-"), &secrets)),
         };
         let user = rec.user.as_deref().map(|u| scrub(u, &secrets));
         let path = normalize_path(req.uri.path());
         let path = scrub(&path, &secrets);
-        let user_agent = header("user-agent").map(|ua| scrub(ua, &secrets));
+        let user_agent = header(&http::header::USER_AGENT).map(|ua| scrub(ua, &secrets));
         let (limit, outcome) = match rec.verdict {
             Verdict::None => (None, None),
             Verdict::Allowed(id) => (Some(&*cfg.limit(id).name), Some("allow")),
