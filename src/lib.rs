@@ -7,7 +7,8 @@
 //! call, with the [`limit`] algorithms) → [`refusal`] and [`headers`] (the outcome as HTTP).
 //! [`proxy`] is the Pingora glue that runs them in `request_filter`; [`config`] holds the
 //! validated, hot-reloaded configuration, and imports nothing of the crate but [`limit`];
-//! [`server`] wires everything together.
+//! [`observe`] counts what was decided (Prometheus metrics, the top limited callers, the access
+//! log) and [`admin`] serves it on its own listener; [`server`] wires everything together.
 #![forbid(unsafe_code)]
 
 pub mod admin;

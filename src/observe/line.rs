@@ -18,7 +18,7 @@ use pingora_proxy::Session;
 use super::format::{self, Value};
 use super::{api_key, Observer, Record, Verdict, REQUEST_ID_NAME};
 use crate::config::{AccessLogFormat, Config, RouteId};
-use crate::fingerprint::fingerprint;
+use crate::fingerprint::{fingerprint, Fingerprint};
 
 /// Paths longer than this are cut.
 const MAX_PATH: usize = 2048;
@@ -99,6 +99,51 @@ fn find_jwt(s: &str) -> Option<(usize, usize)> {
     None
 }
 
+/// What the client chose, scrubbed of secrets, and the API key's fingerprint.
+struct Client<'r> {
+    fp: Option<Fingerprint>,
+    /// The client's request id (`None` when the gateway made one).
+    request_id: Option<Cow<'r, str>>,
+    user: Option<Cow<'r, str>>,
+    path: Cow<'r, str>,
+    user_agent: Option<Cow<'r, str>>,
+}
+
+fn client_strings<'r>(cfg: &Config, session: &'r Session, rec: &'r Record) -> Client<'r> {
+    let req = session.req_header();
+    let key = api_key(cfg, session);
+    let fp = key.map(fingerprint);
+    let bearer = cfg
+        .identity
+        .jwt
+        .as_ref()
+        .and_then(|j| req.headers.get(&j.header))
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v));
+    let mut secrets: [(&str, &str); 2] = [("", ""); 2];
+    if let (Some(k), Some(fp)) = (key, &fp) {
+        secrets[0] = (k, fp.as_str());
+    }
+    if let Some(b) = bearer {
+        secrets[1] = (b, "[token]");
+    }
+    let header = |name: &http::HeaderName| req.headers.get(name).and_then(|v| v.to_str().ok());
+    let scrubbed = |v: &'r str| scrub(v, &secrets);
+    Client {
+        fp,
+        request_id: match rec.generated_id {
+            Some(_) => None,
+            None => Some(scrubbed(header(&REQUEST_ID_NAME).unwrap_or("-"))),
+        },
+        user: rec.user.as_deref().map(scrubbed),
+        path: match normalize_path(req.uri.path()) {
+            Cow::Borrowed(p) => scrubbed(p),
+            Cow::Owned(p) => Cow::Owned(scrub(&p, &secrets).into_owned()),
+        },
+        user_agent: header(&http::header::USER_AGENT).map(scrubbed),
+    }
+}
+
 /// A config name or fixed word, or none.
 fn safe(v: Option<&str>) -> Value<'_> {
     v.map_or(Value::None, Value::Safe)
@@ -115,31 +160,13 @@ impl Observer {
         took: Option<Duration>,
     ) {
         let req = session.req_header();
-        let key = api_key(cfg, session);
-        let fp = key.map(fingerprint);
-        let bearer = cfg
-            .identity
-            .jwt
-            .as_ref()
-            .and_then(|j| req.headers.get(&j.header))
-            .and_then(|v| v.to_str().ok())
-            .map(|v| v.strip_prefix("Bearer ").unwrap_or(v));
-        let mut secrets: [(&str, &str); 2] = [("", ""); 2];
-        if let (Some(k), Some(fp)) = (key, &fp) {
-            secrets[0] = (k, fp.as_str());
-        }
-        if let Some(b) = bearer {
-            secrets[1] = (b, "[token]");
-        }
-        let header = |name: &http::HeaderName| req.headers.get(name).and_then(|v| v.to_str().ok());
-        let client_id = match rec.generated_id {
-            Some(_) => None,
-            None => Some(scrub(header(&REQUEST_ID_NAME).unwrap_or("-"), &secrets)),
-        };
-        let user = rec.user.as_deref().map(|u| scrub(u, &secrets));
-        let path = normalize_path(req.uri.path());
-        let path = scrub(&path, &secrets);
-        let user_agent = header(&http::header::USER_AGENT).map(|ua| scrub(ua, &secrets));
+        let Client {
+            fp,
+            request_id: client_id,
+            user,
+            path,
+            user_agent,
+        } = client_strings(cfg, session, rec);
         let (limit, outcome) = match rec.verdict {
             Verdict::None => (None, None),
             Verdict::Allowed(id) => (Some(&*cfg.limit(id).name), Some("allow")),
@@ -152,37 +179,28 @@ impl Observer {
             .and_then(|a| a.as_inet())
             .map(|a| a.ip());
         let micros = |d: Duration| d.as_micros() as u64;
+        let started = SystemTime::now().checked_sub(took);
+        let request_id = match (&client_id, rec.generated_id) {
+            (Some(id), _) => Value::Str(id),
+            (None, n) => Value::MadeId(self.instance, n.unwrap_or_default()),
+        };
+        let caller = match (&fp, &user) {
+            (Some(fp), _) => Value::Safe(fp.as_str()),
+            (None, Some(u)) => Value::Tagged("user:", u),
+            (None, None) => Value::None,
+        };
+        let upstream_time = rec.upstream_time.map(|t| Value::Micros(micros(t)));
         format::line(
             out,
             format,
             &[
-                (
-                    "time",
-                    Value::Time(
-                        SystemTime::now()
-                            .checked_sub(took)
-                            .unwrap_or_else(SystemTime::now),
-                    ),
-                ),
-                (
-                    "request_id",
-                    match (&client_id, rec.generated_id) {
-                        (Some(id), _) => Value::Str(id),
-                        (None, n) => Value::MadeId(self.instance, n.unwrap_or_default()),
-                    },
-                ),
+                ("time", Value::Time(started.unwrap_or_else(SystemTime::now))),
+                ("request_id", request_id),
                 (
                     "client_ip",
                     rec.client_ip.or(peer).map_or(Value::None, Value::Ip),
                 ),
-                (
-                    "caller",
-                    match (&fp, &user) {
-                        (Some(fp), _) => Value::Safe(fp.as_str()),
-                        (None, Some(u)) => Value::Tagged("user:", u),
-                        (None, None) => Value::None,
-                    },
-                ),
+                ("caller", caller),
                 ("method", Value::Safe(req.method.as_str())),
                 ("path", Value::Str(&path)),
                 ("route", safe(route.map(|r| &*cfg.routes[r].name))),
@@ -192,11 +210,7 @@ impl Observer {
                 ("degraded", safe(rec.degraded.map(|d| d.as_str()))),
                 ("class", safe(rec.class.map(|c| c.as_str()))),
                 ("upstream", rec.upstream.map_or(Value::None, Value::Addr)),
-                (
-                    "upstream_ms",
-                    rec.upstream_time
-                        .map_or(Value::None, |t| Value::Micros(micros(t))),
-                ),
+                ("upstream_ms", upstream_time.unwrap_or(Value::None)),
                 ("duration_ms", Value::Micros(micros(took))),
                 ("bytes_in", Value::Num(session.body_bytes_read() as u64)),
                 ("bytes_out", Value::Num(session.body_bytes_sent() as u64)),
