@@ -10,13 +10,16 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use http::HeaderMap;
+use tollgate::config::reload::ConfigHandle;
 use tollgate::config::{from_yaml, Overrides};
 use tollgate::limit::{check, Algorithm, Quota};
+use tollgate::observe::Observer;
+use tollgate::shed::Shedder;
 use tollgate::store::Store;
 
 #[path = "support/decide.rs"]
 mod support;
-use support::{allocations_per_request, decide};
+use support::{allocations_per_request, decide, decide_and_count};
 
 fn request_path(c: &mut Criterion) {
     let cfg = from_yaml("bench.yaml", support::CONFIG, &Overrides::default()).expect("config");
@@ -37,14 +40,34 @@ fn request_path(c: &mut Criterion) {
         |b| {
             b.iter(|| {
                 now += 1;
-                let a = decide(&cfg, &store, &headers, peer, "/api/v1/items/7", now);
+                let (a, _) = decide(&cfg, &store, &headers, peer, "/api/v1/items/7", now);
+                black_box(a.decisive)
+            })
+        },
+    );
+
+    // The same with every decision counted in the Prometheus metrics, as the gateway does.
+    let handle = Arc::new(ConfigHandle::new(
+        from_yaml("bench.yaml", support::CONFIG, &Overrides::default()).expect("config"),
+        None,
+        Overrides::default(),
+    ));
+    let counted_cfg = handle.snapshot();
+    let observer =
+        Observer::new(handle, store.clone(), Arc::new(Shedder::new())).expect("observer");
+    c.bench_function(
+        "request + metrics: identify+route+admit+count, memory store (3 limits)",
+        |b| {
+            b.iter(|| {
+                now += 1;
+                let a = decide_and_count(&observer, &counted_cfg, &store, &headers, peer, now);
                 black_box(a.decisive)
             })
         },
     );
 
     // The response side: the decisive limit's five headers added to an upstream response.
-    let admitted = decide(&cfg, &store, &headers, peer, "/x", now);
+    let (admitted, _) = decide(&cfg, &store, &headers, peer, "/x", now);
     let (id, decision) = admitted.decisive.expect("a decisive limit");
     c.bench_function(
         "response headers: RateLimit, RateLimit-Policy, X-RateLimit-*",
@@ -52,7 +75,7 @@ fn request_path(c: &mut Criterion) {
             b.iter_batched(
                 || pingora_http::ResponseHeader::build(200, Some(8)).unwrap(),
                 |mut resp| {
-                    tollgate::headers::apply(&cfg, id, &decision, now, &mut resp);
+                    tollgate::headers::apply(&cfg, id, None, &decision, now, &mut resp);
                     black_box(resp)
                 },
                 BatchSize::SmallInput,
@@ -73,7 +96,7 @@ fn request_path(c: &mut Criterion) {
         b.iter(|| {
             now += 1;
             i = (i + 1) % keys.len();
-            let a = decide(&cfg, &store, &keys[i], peer, "/x", now);
+            let (a, _) = decide(&cfg, &store, &keys[i], peer, "/x", now);
             black_box(a.decisive)
         })
     });

@@ -1,19 +1,26 @@
 //! The framework's floor: a Pingora `ProxyHttp` with no filters at all, built with the same
 //! Pingora version, release profile and server settings as tollgate, forwarding every request
-//! to one upstream. `loadtest/proxy.sh` measures it beside tollgate, so tollgate's own cost
-//! per request is the difference.
+//! to one upstream. The load tests run it beside tollgate (it takes the same flags and reads
+//! the same config, using only its threads and its first route's first upstream server), so
+//! tollgate's own cost per request is the difference.
 //!
 //!   cargo build --release --example bare_pingora
-//!   target/release/examples/bare_pingora 127.0.0.1:8081 127.0.0.1:9000 [threads]
+//!   target/release/examples/bare_pingora -c gateway.yaml --listen 127.0.0.1:8081 --admin-listen 127.0.0.1:9902
 
-use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use async_trait::async_trait;
+use http::Response;
+use pingora_core::apps::http_app::ServeHttp;
+use pingora_core::protocols::http::ServerSession;
 use pingora_core::server::configuration::ServerConf;
 use pingora_core::server::Server;
+use pingora_core::services::listening::Service;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::Result;
 use pingora_proxy::{ProxyHttp, Session};
+use std::net::SocketAddr;
+use tollgate::config::{load, Overrides};
 
 struct Bare {
     upstream: SocketAddr,
@@ -30,14 +37,40 @@ impl ProxyHttp for Bare {
     }
 }
 
+/// `/healthz` (anything, in fact) answers 200, so the load tests can wait for it.
+struct Health;
+
+#[async_trait]
+impl ServeHttp for Health {
+    async fn response(&self, _session: &mut ServerSession) -> Response<Vec<u8>> {
+        Response::builder()
+            .status(200)
+            .header("content-length", 2)
+            .body(b"ok".to_vec())
+            .expect("a response")
+    }
+}
+
+fn flag(args: &[String], names: &[&str]) -> Option<String> {
+    args.windows(2)
+        .find(|w| names.contains(&w[0].as_str()))
+        .map(|w| w[1].clone())
+}
+
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let usage = "usage: bare_pingora LISTEN UPSTREAM [THREADS]";
-    let listen: SocketAddr = args.next().expect(usage).parse().expect(usage);
-    let upstream: SocketAddr = args.next().expect(usage).parse().expect(usage);
-    let threads: usize = args.next().map_or(1, |t| t.parse().expect(usage));
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: bare_pingora -c CONFIG --listen ADDR --admin-listen ADDR";
+    let config = PathBuf::from(flag(&args, &["-c", "--config"]).expect(usage));
+    let overrides = Overrides {
+        listen: flag(&args, &["--listen"]),
+        admin_listen: flag(&args, &["--admin-listen"]),
+        ..Overrides::default()
+    };
+    let cfg = load(&config, &overrides).unwrap_or_else(|e| panic!("{e}"));
+    let s = &cfg.startup.server;
+    let upstream = cfg.upstream(cfg.routes[0].upstream).servers[0];
     let conf = ServerConf {
-        threads,
+        threads: s.threads,
         grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
@@ -49,7 +82,10 @@ fn main() {
         Bare { upstream },
         "bare pingora",
     );
-    proxy.add_tcp(&listen.to_string());
+    proxy.add_tcp(&s.listen.to_string());
+    let mut admin = Service::new("bare health".to_string(), Health);
+    admin.add_tcp(&s.admin_listen.to_string());
     server.add_service(proxy);
+    server.add_service(admin);
     server.run_forever()
 }

@@ -10,6 +10,8 @@
 #                             core 1, and the CPU of PIDS meanwhile; prints
 #                             "req_per_s p50_ms p99_ms user_us_per_req sys_us_per_req"
 #   upstream_nginx PORT DIR   NGINX `return 200` on core 1 (the upstream of every proxy)
+#   start_bench               a temporary directory $dir and an array $pids, both cleaned up
+#                             on exit, and the upstream on 127.0.0.1:$up
 # Every process started here is appended to the caller's `pids` array, for its EXIT trap.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 need() { command -v "$1" >/dev/null || { echo "needs $1: apt-get install -y $2" >&2; exit 1; }; }
@@ -70,4 +72,13 @@ interleave() {
       echo "round $r: $row" >&2
     done
   done
+}
+
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
+start_bench() {
+  dir=$(mktemp -d)
+  pids=()
+  trap cleanup EXIT
+  up=$(free_port)
+  upstream_nginx "$up" "$dir"
 }

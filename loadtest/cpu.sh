@@ -7,7 +7,8 @@
 # core 1. Every process is started here on free loopback ports and stopped at the end.
 #
 # Usage: loadtest/cpu.sh [-s SECONDS] [-c CONNECTIONS] [-r ROUNDS] LABEL=BINARY=CONFIG ...
-#   CONFIG is a gateway.yaml in which __UPSTREAM__ stands for the upstream's host:port.
+#   CONFIG is a gateway.yaml in which __UPSTREAM__ stands for the upstream's host:port and
+#   __TMP__ for a temporary directory removed at the end (for access logs).
 # Example (this tree against an older build):
 #   loadtest/cpu.sh before=/tmp/old/tollgate=loadtest/configs/one-limit.yaml \
 #                   after=target/release/tollgate=loadtest/configs/one-limit.yaml
@@ -23,20 +24,14 @@ for t in nginx wrk taskset python3; do
   command -v $t >/dev/null || { echo "needs $t: apt-get install -y nginx wrk util-linux python3" >&2; exit 1; }
 done
 source loadtest/bench_lib.sh
-dir=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
-trap cleanup EXIT
-
-up=$(free_port)
-upstream_nginx "$up" "$dir"
+start_bench
 
 labels=()
 declare -A ports gpids
 for row in "$@"; do
   IFS== read -r label bin cfg <<<"$row"
   port=$(free_port)
-  sed "s/__UPSTREAM__/127.0.0.1:$up/" "$cfg" > "$dir/$label.yaml"
+  sed "s/__UPSTREAM__/127.0.0.1:$up/; s|__TMP__|$dir|" "$cfg" > "$dir/$label.yaml"
   taskset -c 0 "$bin" -c "$dir/$label.yaml" --listen "127.0.0.1:$port" \
     --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/$label.log" & pids+=($!)
   labels+=("$label"); ports[$label]=$port; gpids[$label]=$!

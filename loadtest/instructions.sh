@@ -1,74 +1,62 @@
 #!/usr/bin/env bash
-# User-space instructions per proxied request, counted by valgrind's callgrind: repeatable on a
-# busy machine (it counts instructions, not time), so it shows what tollgate adds above the
-# bare Pingora proxy even when the CPU-time figures of proxy.sh drift. Kernel time (the
-# syscalls) is not in it: proxy.sh measures that.
+# Instructions per proxied request of tollgate gateways, counted by valgrind's callgrind: the
+# repeatable companion of cpu.sh on machines where CPU time drifts 20-40% from minute to
+# minute. Each row runs its gateway under callgrind (all threads), warms it up with 200
+# requests, zeroes the counters, sends N requests one after the other on one keep-alive
+# connection, and dumps the counters: instructions of the whole process divided by N. The
+# upstream is NGINX `return 200`. Every process is started here on free loopback ports and
+# stopped at the end.
 #
-# Each row runs under callgrind twice, serving N1 and then N2 requests over one keep-alive
-# connection from a small client (not measured); instructions per request =
-# (total(N2) − total(N1)) / (N2 − N1), so start-up and shut-down cancel out. Also writes the
-# N2 profile of each row to $OUT_DIR (callgrind_annotate it to see where the instructions go).
-#
-# Usage: loadtest/instructions.sh [N1] [N2]        (default 300 1300)
-#        ROWS="bare nolimits memory" OUT_DIR=/tmp/profiles loadtest/instructions.sh
+# Usage: loadtest/instructions.sh [-n REQUESTS] LABEL=BINARY=CONFIG ...
+#   CONFIG as for cpu.sh (__UPSTREAM__ and __TMP__ are substituted). With KEEP=DIR the
+#   callgrind files are kept there as LABEL.cg.*, for callgrind_annotate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-n1=${1:-300} n2=${2:-1300}
-rows=(${ROWS:-bare nolimits memory})
-out_dir=${OUT_DIR:-$(mktemp -d)}
-mkdir -p "$out_dir"
+n=3000
+while getopts n: o; do
+  case $o in n) n=$OPTARG ;; *) exit 2 ;; esac
+done
+shift $((OPTIND - 1))
+[ $# -ge 1 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+for t in nginx valgrind callgrind_control python3 taskset curl; do
+  command -v $t >/dev/null || { echo "needs $t: apt-get install -y nginx valgrind python3 util-linux curl" >&2; exit 1; }
+done
 source loadtest/bench_lib.sh
-need valgrind valgrind; need nginx nginx; need python3 python3
-dir=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
-trap cleanup EXIT
-cargo build --release --quiet --bin tollgate --example bare_pingora
-up=$(free_port)
-upstream_nginx "$up" "$dir"
+start_bench
 
-# `n` GETs over one keep-alive connection; fails unless every answer is 200.
-client() { # port n
-  python3 - "$1" "$2" <<'PY'
-import http.client, sys, time
-port, n = int(sys.argv[1]), int(sys.argv[2])
-for _ in range(600):
-    try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30); c.request("GET", "/warm"); c.getresponse().read(); break
-    except OSError:
-        time.sleep(0.1)
-else:
-    sys.exit("the proxy did not come up")
-for i in range(n):
-    c.request("GET", f"/r/{i}"); r = c.getresponse(); r.read()
-    if r.status != 200: sys.exit(f"answer {r.status}")
+# Send $2 GETs to port $1 on one keep-alive connection, one after the other.
+send() {
+  taskset -c 1 python3 - "$1" "$2" <<'PY'
+import http.client, sys
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=60)
+for _ in range(int(sys.argv[2])):
+    c.request("GET", "/x")
+    r = c.getresponse(); r.read()
+    if r.status != 200: sys.exit(f"status {r.status}")
 PY
 }
 
-run() { # row n -> total instructions
-  local row=$1 n=$2 port cmd file
-  port=$(free_port); file="$dir/$row.$n.out"
-  printf 'server: { threads: 1 }\nupstreams: { up: ["127.0.0.1:%s"] }\nroutes: [ { name: all, match: { path_prefix: / }, upstream: up } ]\n' "$up" > "$dir/$row.yaml"
-  [ "$row" = memory ] && echo 'limits: [ { name: per-ip, key: [client_ip], limit: 1000000000, window: 1m } ]' >> "$dir/$row.yaml"
-  case $row in
-    bare) cmd=(target/release/examples/bare_pingora "127.0.0.1:$port" "127.0.0.1:$up" 1) ;;
-    *) cmd=(target/release/tollgate -c "$dir/$row.yaml" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$(free_port)") ;;
-  esac
-  valgrind --tool=callgrind --callgrind-out-file="$file" "${cmd[@]}" >"$dir/$row.log" 2>&1 &
-  local pid=$!
-  client "$port" "$n"
-  kill -TERM "$pid"; wait "$pid" || true
-  [ "$n" = "$n2" ] && cp "$file" "$out_dir/$row.callgrind"
-  awk '/^(summary|totals):/ {print $2; exit}' "$file"
-}
-
-echo "| row | instructions per request | ÷ bare |"
+echo "| row | instructions per request | ÷ ${1%%=*} |"
 echo "|---|---|---|"
 base=""
-for row in "${rows[@]}"; do
-  a=$(run "$row" "$n1"); b=$(run "$row" "$n2")
-  per=$(( (b - a) / (n2 - n1) ))
+for row in "$@"; do
+  IFS== read -r label bin cfg <<<"$row"
+  port=$(free_port) admin=$(free_port)
+  sed "s/__UPSTREAM__/127.0.0.1:$up/; s|__TMP__|$dir|" "$cfg" > "$dir/$label.yaml"
+  taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$dir/$label.cg" \
+    "$bin" -c "$dir/$label.yaml" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
+    >"$dir/$label.out" 2>"$dir/$label.log" & pid=$!
+  pids+=($pid)
+  for _ in $(seq 240); do curl -sf "http://127.0.0.1:$admin/healthz" >/dev/null && break; sleep 0.5; done
+  send "$port" 200
+  callgrind_control -z "$pid" >/dev/null 2>&1
+  send "$port" "$n"
+  callgrind_control -d "$pid" >/dev/null 2>&1
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  total=$(grep -h '^totals:' "$dir/$label.cg".* | tail -1 | awk '{print $2}')
+  [ -n "${KEEP:-}" ] && cp "$dir/$label.cg".* "$KEEP/"
+  per=$((total / n))
   base=${base:-$per}
-  echo "| $row | $per | $(python3 -c "print(f'{$per/$base:.2f}')") |"
+  python3 -c "print(f'| $label | {$per:,} | {$per / $base:.3f} |')"
 done
-echo "(valgrind --tool=callgrind, user space only; ($n2 − $n1) requests over one keep-alive connection; profiles in $out_dir)"
+echo "(callgrind, all threads; $n requests on one keep-alive connection after 200 to warm up; NGINX upstream)"

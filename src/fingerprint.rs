@@ -1,5 +1,6 @@
-//! How an API key is named wherever it must be named (the access log, `GET /top`, and the
-//! quota admin API later): `fp:` and the first 8 hex digits of a keyed BLAKE3 hash of the key.
+//! How an API key is named wherever it must be named (the access log, `GET /top`, the quota
+//! admin API): `fp:` and the first 8 hex digits of a keyed BLAKE3 hash of the key; and how
+//! counters and the quota store name it: [`KeyHash`], BLAKE3 of the key.
 //! A fingerprint tells keys apart without containing any character of the key, and 32 bits of
 //! a hash cannot be turned back into a key of any real length.
 //!
@@ -72,6 +73,34 @@ impl fmt::Display for Fingerprint {
 impl fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
+    }
+}
+
+/// BLAKE3 of an API key: how counters and the quota store name a key. Counter keys hash it (not
+/// the key), so the admin API can find a key's counters from the hash the quota store keeps.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyHash(pub [u8; 32]);
+
+impl KeyHash {
+    /// No allocation.
+    pub fn of(api_key: &str) -> KeyHash {
+        KeyHash(*blake3::hash(api_key.as_bytes()).as_bytes())
+    }
+
+    pub fn hex(&self) -> String {
+        blake3::Hash::from(self.0).to_hex().to_string()
+    }
+
+    pub fn from_hex(s: &str) -> Option<KeyHash> {
+        blake3::Hash::from_hex(s)
+            .ok()
+            .map(|h| KeyHash(*h.as_bytes()))
+    }
+}
+
+impl fmt::Debug for KeyHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KeyHash({}…)", &self.hex()[..8])
     }
 }
 

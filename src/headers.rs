@@ -10,7 +10,7 @@
 
 use pingora_http::ResponseHeader;
 
-use crate::config::{Config, LimitId, OnError};
+use crate::config::{Config, LimitId, OnError, RateSpec};
 use crate::limit::Decision;
 
 /// Set on responses decided under a store failure policy: `store-unavailable; policy=local`.
@@ -32,12 +32,20 @@ pub fn seconds(d: &Decision) -> u64 {
 }
 
 /// Add the rate-limit headers of rate limit `id`'s decision `d`, made at `now_ms`, to a
-/// response.
-pub fn apply(cfg: &Config, id: LimitId, d: &Decision, now_ms: u64, resp: &mut ResponseHeader) {
+/// response. `spec`: the caller's own parameters of the limit (a quota override), if any.
+pub fn apply(
+    cfg: &Config,
+    id: LimitId,
+    spec: Option<&RateSpec>,
+    d: &Decision,
+    now_ms: u64,
+    resp: &mut ResponseHeader,
+) {
     let limit = cfg.limit(id);
     let t = seconds(d);
     if cfg.headers.ietf {
-        let _ = resp.insert_header("ratelimit-policy", limit.rate().policy_header.clone());
+        let policy = spec.unwrap_or_else(|| limit.rate()).policy_header.clone();
+        let _ = resp.insert_header("ratelimit-policy", policy);
         let _ = resp.insert_header(
             "ratelimit",
             format!("\"{}\";r={};t={}", limit.name, d.remaining, t),

@@ -9,25 +9,55 @@ use std::net::{IpAddr, SocketAddr};
 use http::HeaderMap;
 use ipnet::IpNet;
 
-use crate::config::{Config, JwtSettings, TierId};
+use crate::config::{Config, JwtSettings, RateSpec, TierId};
+use crate::fingerprint::KeyHash;
+use crate::quota::table::Resolved;
+use crate::quota::{Lookup, Quotas};
+use std::sync::Arc;
 
 /// The longest API key accepted, in bytes.
 pub const MAX_API_KEY_LEN: usize = 256;
 
 /// The caller of one request. The API key is borrowed from the request's headers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Caller<'a> {
     pub api_key: Option<&'a str>,
+    /// BLAKE3 of the API key: what counter keys and the quota store use.
+    pub key_hash: Option<KeyHash>,
     /// From a verified JWT.
     pub user: Option<String>,
     pub tier: Option<TierId>,
     pub client_ip: IpAddr,
+    /// The key's override from the quota store, when one is in force.
+    pub overrides: Option<Arc<Resolved>>,
 }
 
 impl Caller<'_> {
+    /// Apply the key's override from the quota store: its tier, and its new limit parameters
+    /// (the rate checks read them).
+    pub fn apply_override(&mut self, o: Arc<Resolved>) {
+        if o.tier.is_some() {
+            self.tier = o.tier;
+        }
+        self.overrides = Some(o);
+    }
+
+    /// The parameters of rate limit `id` for this caller: its override's, or the config's.
+    pub fn rate_spec<'c>(&'c self, cfg: &'c Config, id: crate::config::LimitId) -> &'c RateSpec {
+        match self.override_spec(id) {
+            Some(s) => s,
+            None => cfg.limit(id).rate(),
+        }
+    }
+
+    /// The override's parameters of rate limit `id`, if it has any.
+    pub fn override_spec(&self, id: crate::config::LimitId) -> Option<&Arc<RateSpec>> {
+        self.overrides.as_deref().and_then(|o| o.rate(id))
+    }
+
     /// Neither an API key nor a verified user.
     pub fn is_anonymous(&self) -> bool {
-        self.api_key.is_none() && self.user.is_none()
+        self.key_hash.is_none() && self.user.is_none()
     }
 }
 
@@ -38,6 +68,12 @@ pub enum IdentityError {
     InvalidApiKey { header: String },
     #[error("the bearer token is invalid: {0}")]
     InvalidToken(String),
+    /// The quota store disabled this key.
+    #[error("this API key is revoked")]
+    Revoked,
+    /// `identity.require_known_keys`: neither in `api_keys` nor in the quota store.
+    #[error("this API key is not known")]
+    UnknownKey,
 }
 
 /// Identify the caller from the request headers and the TCP peer.
@@ -79,10 +115,37 @@ pub fn identify<'h>(
     }
     Ok(Caller {
         api_key,
+        key_hash: api_key.map(KeyHash::of),
         user,
         tier,
         client_ip: client_ip(peer, headers, &id.trusted_proxies),
+        overrides: None,
     })
+}
+
+/// The end of step 1: the API key's override from the quota store, if one is in force at `now`
+/// (Unix seconds), applied to the caller. `Err` when the store revoked the key, or when
+/// `identity.require_known_keys` is set and the key is neither in `api_keys` nor in the store.
+pub fn apply_quotas(
+    cfg: &Arc<Config>,
+    quotas: Option<&Quotas>,
+    caller: &mut Caller<'_>,
+    now: i64,
+) -> Result<(), IdentityError> {
+    let (Some(key), Some(hash)) = (caller.api_key, caller.key_hash) else {
+        return Ok(());
+    };
+    if let Some(Lookup::Some(o)) = quotas.map(|q| q.lookup_hash(cfg, hash, now)) {
+        if o.disabled {
+            return Err(IdentityError::Revoked);
+        }
+        caller.apply_override(o);
+        return Ok(());
+    }
+    if cfg.identity.require_known_keys && !cfg.api_keys.contains_key(key) {
+        return Err(IdentityError::UnknownKey);
+    }
+    Ok(())
 }
 
 /// The user and tier named by a JWT, verified with the settings built at config load.

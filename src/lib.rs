@@ -7,8 +7,9 @@
 //! each concurrency limit, then every rate limit in one [`store`] call, with the [`limit`]
 //! algorithms) → [`refusal`] and [`headers`] (the outcome as HTTP). [`proxy`] is the Pingora
 //! glue that runs them in `request_filter`; [`config`] holds the validated, hot-reloaded
-//! configuration, and imports nothing of the crate but [`limit`]; [`server`] wires everything
-//! together.
+//! configuration, and imports nothing of the crate but [`limit`]; [`observe`] counts what was
+//! decided (Prometheus metrics, the top limited callers, the access log) and [`admin`] serves
+//! it on its own listener; [`server`] wires everything together.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -24,6 +25,7 @@ pub mod health;
 pub mod identity;
 pub mod lifecycle;
 pub mod limit;
+pub mod observe;
 pub mod path;
 pub mod proxy;
 pub mod quota;

@@ -29,6 +29,7 @@ fn run(args: RunArgs) -> ExitCode {
         admin_listen: args.admin_listen,
         upstream: args.upstream,
         redis_url: args.redis_url,
+        json_logs: args.log_format == LogFormat::Json,
     };
     let path = match args.config {
         Some(p) => Some(p),

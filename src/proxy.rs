@@ -24,9 +24,12 @@ use crate::config::{Config, LimitId, OnError, RouteId};
 use crate::conn::ConnState;
 use crate::head;
 use crate::headers;
-use crate::identity::{identify, Caller};
+use crate::identity::{apply_quotas, identify, Caller};
 use crate::lifecycle::Lifecycle;
 use crate::limit::{Clock, Decision};
+use crate::observe::{self, Observer};
+use crate::quota::table::Resolved;
+use crate::quota::{self, Quotas};
 use crate::refusal::Refusal;
 use crate::route::match_route;
 use crate::shed::{self, InFlight, Shedder};
@@ -40,6 +43,10 @@ pub struct Gateway {
     pub shedder: Arc<Shedder>,
     /// Whether the gateway is draining for shutdown.
     pub lifecycle: Arc<Lifecycle>,
+    /// Metrics, top callers and the access log.
+    pub observer: Arc<Observer>,
+    /// Per-key overrides, when the config has a `quotas` section.
+    pub quotas: Option<Arc<Quotas>>,
 }
 
 /// Per-request state shared across the filters.
@@ -53,6 +60,8 @@ pub struct RequestCtx {
     degraded: Option<OnError>,
     /// When the limits were decided (the store's clock), for the reset headers.
     decided_at: u64,
+    /// The caller's quota override, for the headers of its own limit parameters.
+    overrides: Option<Arc<Resolved>>,
     /// Counted in the gateway's requests in flight (for shedding) until dropped.
     in_flight: Option<InFlight>,
     /// The concurrency slots this request holds until dropped.
@@ -60,6 +69,8 @@ pub struct RequestCtx {
     /// The most body bytes this request may send (`max_body_bytes`), and how many it sent.
     max_body: Option<u64>,
     body_bytes: u64,
+    /// What the metrics and the access log need to know of this request.
+    obs: observe::Record,
 }
 
 /// Write an answer the gateway makes itself.
@@ -86,7 +97,7 @@ impl Gateway {
     /// Steps 1 to 4 of `request_filter`: `Ok` with what the limits admitted, or the refusal.
     async fn decide(
         &self,
-        cfg: &Config,
+        cfg: &Arc<Config>,
         session: &Session,
         ctx: &mut RequestCtx,
     ) -> std::result::Result<Admitted, Refused> {
@@ -94,7 +105,12 @@ impl Gateway {
         let req = session.req_header();
 
         // 1. Who is calling.
-        let caller = identify(cfg, &req.headers, peer).map_err(|e| refused(e.into()))?;
+        let mut caller = identify(cfg, &req.headers, peer).map_err(|e| refused(e.into()))?;
+        let quotas = self.quotas.as_deref();
+        let now_s = quota::now_s();
+        apply_quotas(cfg, quotas, &mut caller, now_s).map_err(|e| refused(e.into()))?;
+        ctx.overrides = caller.overrides.clone();
+        ctx.obs.identified(&caller);
 
         // 2. Which route, on the normal form of the path (step 0 put it in the head).
         let host = req
@@ -125,6 +141,7 @@ impl Gateway {
             &req.headers,
             caller.api_key,
         );
+        ctx.obs.class = Some(class);
         let in_flight = self
             .shedder
             .admit(class, cfg.shedding.as_ref())
@@ -141,8 +158,10 @@ impl Gateway {
             headers: &req.headers,
         };
         let mut report = Report::default();
+        let started = std::time::Instant::now();
         let outcome =
             admission::admit(&self.store, &request, self.clock.now_ms(), &mut report).await;
+        self.observer.decided(cfg, &report, started.elapsed());
         log_report(cfg, &caller, &report);
         outcome
     }
@@ -179,7 +198,7 @@ fn check_head(cfg: &Config, session: &mut Session) -> std::result::Result<(), Re
 
 /// Shadow limits that would have refused, and store failures the policies answered.
 fn log_report(cfg: &Config, caller: &Caller<'_>, report: &Report) {
-    for &id in &report.shadow_denied {
+    for id in report.shadow_denied() {
         tracing::info!(limit = %cfg.limit(id).name, client_ip = %caller.client_ip, "shadow limit would deny");
     }
     if let Some(e) = &report.store_error {
@@ -204,6 +223,7 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        ctx.obs = self.observer.begin(session);
         // The one config snapshot this request runs on.
         let cfg = self.config.snapshot();
         if let Some(conn) = ConnState::of(session) {
@@ -239,6 +259,7 @@ impl ProxyHttp for Gateway {
             Ok(()) => self.decide(&cfg, session, ctx).await,
             Err(refused) => Err(refused),
         };
+        self.observer.verdict(&cfg, session, &mut ctx.obs, &decided);
         // 5. Answer, or proceed upstream with the headers of the decisive limit.
         match decided {
             Ok(admitted) => {
@@ -262,7 +283,9 @@ impl ProxyHttp for Gateway {
         };
         let upstream = cfg.upstream(cfg.routes[route].upstream);
         let t = upstream.timeouts;
-        let mut peer = HttpPeer::new(upstream.pick(), false, String::new());
+        let addr = upstream.pick();
+        ctx.obs.upstream(addr);
+        let mut peer = HttpPeer::new(addr, false, String::new());
         peer.options.connection_timeout = Some(t.connect);
         peer.options.total_connection_timeout = Some(t.connect);
         peer.options.read_timeout = Some(t.read);
@@ -277,6 +300,9 @@ impl ProxyHttp for Gateway {
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if let Some(id) = ctx.obs.generated_id(&self.observer) {
+            upstream_request.insert_header(observe::REQUEST_ID, id)?;
+        }
         let Some(peer) = ctx.peer else { return Ok(()) };
         let mut chain = String::new();
         for v in upstream_request.headers.get_all("x-forwarded-for") {
@@ -296,12 +322,21 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        ctx.obs.upstream_answered();
         if self.lifecycle.draining() {
             // Shutting down: this connection closes after the response.
             session.set_keepalive(None);
         }
         if let (Some(cfg), Some((id, d))) = (&ctx.config, &ctx.decisive) {
-            headers::apply(cfg, *id, d, ctx.decided_at, upstream_response);
+            let spec = ctx.overrides.as_deref().and_then(|o| o.rate(*id));
+            headers::apply(
+                cfg,
+                *id,
+                spec.map(|s| &**s),
+                d,
+                ctx.decided_at,
+                upstream_response,
+            );
         }
         if let Some(policy) = ctx.degraded {
             headers::degraded(upstream_response, policy);
@@ -333,7 +368,8 @@ impl ProxyHttp for Gateway {
     /// The end of every request, answered or failed, including a client gone mid-request:
     /// give back its concurrency slots and leave the in-flight count. The guards would do the
     /// same when the context drops; either way it happens exactly once. The connection now
-    /// waits for its next head at most `server.keepalive_timeout`.
+    /// waits for its next head at most `server.keepalive_timeout`. Then its metrics and
+    /// access-log line.
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         ctx.slots = None;
         ctx.in_flight = None;
@@ -346,6 +382,8 @@ impl ProxyHttp for Gateway {
                 });
             conn.idle(keepalive);
         }
+        self.observer
+            .finish(session, ctx.config.as_ref(), ctx.route, &ctx.obs);
     }
 
     /// A client that goes away mid-request (closed, reset, a failed read or write on its side)

@@ -10,7 +10,9 @@ use http::Method;
 use pingora_http::ResponseHeader;
 use serde::Serialize;
 
-use crate::config::{Config, LimitId, OnError, Priority, Spec};
+use std::sync::Arc;
+
+use crate::config::{Config, LimitId, OnError, Priority, RateSpec, Spec};
 use crate::headers;
 use crate::identity::IdentityError;
 use crate::limit::Decision;
@@ -48,6 +50,8 @@ pub enum Refusal {
         limit: LimitId,
         decision: Decision,
         at_ms: u64,
+        /// The caller's own parameters of this limit (a quota override); `None`: the config's.
+        spec: Option<Arc<RateSpec>>,
     },
     /// 503: the store cannot answer and this limit fails closed.
     StoreUnavailable { limit: LimitId },
@@ -134,7 +138,9 @@ impl Refusal {
             Refusal::HeaderTooLarge => 431,
             Refusal::BodyTooLarge => 413,
             Refusal::Credentials(IdentityError::InvalidApiKey { .. }) => 400,
-            Refusal::Credentials(IdentityError::InvalidToken(_)) => 401,
+            Refusal::Credentials(
+                IdentityError::InvalidToken(_) | IdentityError::Revoked | IdentityError::UnknownKey,
+            ) => 401,
             Refusal::NoRoute { .. } => 404,
             Refusal::Shed(_) | Refusal::StoreUnavailable { .. } => 503,
             Refusal::SlotsFull { .. } | Refusal::RateLimited { .. } => 429,
@@ -165,7 +171,8 @@ impl Refusal {
                 limit,
                 decision,
                 at_ms,
-            } => headers::apply(cfg, *limit, decision, *at_ms, &mut head),
+                spec,
+            } => headers::apply(cfg, *limit, spec.as_deref(), decision, *at_ms, &mut head),
             Refusal::Shed(_) | Refusal::SlotsFull { .. } | Refusal::StoreUnavailable { .. } => {
                 let _ = head.insert_header("retry-after", RETRY_AFTER_S);
             }
@@ -203,7 +210,12 @@ impl Refusal {
                 },
             ),
             Refusal::SlotsFull { limit, in_use } => self.slots_full(cfg, *limit, *in_use),
-            Refusal::RateLimited { limit, decision, .. } => self.rate_limited(cfg, *limit, decision),
+            Refusal::RateLimited {
+                limit,
+                decision,
+                spec,
+                ..
+            } => self.rate_limited(cfg, *limit, spec.as_deref(), decision),
             Refusal::StoreUnavailable { limit } => self.store_unavailable(cfg, *limit),
             Refusal::BadRequest => self.plain("The request could not be read."),
             Refusal::UpstreamFailed => {
@@ -250,9 +262,15 @@ impl Refusal {
         )
     }
 
-    fn rate_limited(&self, cfg: &Config, id: LimitId, d: &Decision) -> Vec<u8> {
+    fn rate_limited(
+        &self,
+        cfg: &Config,
+        id: LimitId,
+        spec: Option<&RateSpec>,
+        d: &Decision,
+    ) -> Vec<u8> {
         let limit = cfg.limit(id);
-        let rate = limit.rate();
+        let rate = spec.unwrap_or_else(|| limit.rate());
         let retry = headers::seconds(d);
         self.body(
             QUOTA_EXCEEDED,

@@ -22,7 +22,9 @@ use crate::conn::{Connections, Guard};
 use crate::demo::DemoUpstream;
 use crate::lifecycle::{raise_open_files, Lifecycle};
 use crate::limit::{Clock, SystemClock};
+use crate::observe::Observer;
 use crate::proxy::Gateway;
+use crate::quota::Quotas;
 use crate::shed::Shedder;
 use crate::store::Store;
 
@@ -34,6 +36,8 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 pub enum StartError {
     #[error("cannot set up the store: {0}")]
     Store(crate::store::StoreError),
+    #[error("cannot open the access log: {0}")]
+    AccessLog(std::io::Error),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         addr: SocketAddr,
@@ -78,12 +82,17 @@ fn pingora_conf(s: &ServerSettings) -> ServerConf {
 struct Maintenance {
     config: Arc<ConfigHandle>,
     store: Arc<Store>,
+    quotas: Option<Arc<Quotas>>,
 }
 
 #[async_trait]
 impl BackgroundService for Maintenance {
     async fn start(&self, shutdown: ShutdownWatch) {
         let watch = tokio::spawn(self.config.clone().watch(shutdown.clone()));
+        let quotas = self
+            .quotas
+            .clone()
+            .map(|q| tokio::spawn(q.run(shutdown.clone())));
         let store = self.store.clone();
         let mut shutdown = shutdown;
         let mut tick = tokio::time::interval(SWEEP_INTERVAL);
@@ -97,6 +106,9 @@ impl BackgroundService for Maintenance {
             }
         }
         let _ = watch.await;
+        if let Some(q) = quotas {
+            let _ = q.await;
+        }
     }
 }
 
@@ -129,12 +141,16 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
     let shedder = Arc::new(Shedder::new());
     let conns = Connections::new(connection_cap(s, open_files), s.header_timeout);
     let lifecycle = Lifecycle::new(conns.clone(), s.drain_period, s.grace_period);
+    let observer = observer(&config, &store, &shedder, &lifecycle)?;
+    let quotas = cfg.startup.quotas.clone().map(Quotas::new);
     let gateway = Gateway {
         config: config.clone(),
+        quotas: quotas.clone(),
         store: store.clone(),
         clock: Arc::new(SystemClock),
         shedder: shedder.clone(),
         lifecycle: lifecycle.clone(),
+        observer: observer.clone(),
     };
     let proxy = pingora_proxy::http_proxy(&server.configuration, gateway);
     let mut proxy = Service::new(
@@ -149,23 +165,22 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
         shedder,
         conns: conns.clone(),
         lifecycle: lifecycle.clone(),
+        observer,
+        quotas: quotas.clone(),
     };
     let mut admin = Service::new("tollgate admin".to_string(), admin);
     admin.add_tcp(&s.admin_listen.to_string());
 
-    let maintenance = background_service("tollgate maintenance", Maintenance { config, store });
-
-    tracing::info!(
-        listen = %s.listen,
-        admin = %s.admin_listen,
-        config = %cfg.source,
-        routes = cfg.routes.len(),
-        limits = cfg.limits.len(),
-        store = %cfg.startup.store.backend,
-        max_connections = conns.cap(),
-        upgrade = opts.upgrade,
-        "tollgate starting"
+    let maintenance = background_service(
+        "tollgate maintenance",
+        Maintenance {
+            config,
+            store,
+            quotas,
+        },
     );
+
+    log_start(&cfg, conns.cap(), opts.upgrade);
     server.add_service(proxy);
     server.add_service(admin);
     server.add_service(maintenance);
@@ -174,6 +189,36 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
         shutdown_signal: lifecycle.signals(),
     });
     Ok(())
+}
+
+/// Metrics, top callers and the access log; its lines are flushed when the process exits.
+fn observer(
+    config: &Arc<ConfigHandle>,
+    store: &Arc<Store>,
+    shedder: &Arc<Shedder>,
+    lifecycle: &Lifecycle,
+) -> Result<Arc<Observer>, StartError> {
+    let observer = Observer::new(config.clone(), store.clone(), shedder.clone());
+    let observer = Arc::new(observer.map_err(StartError::AccessLog)?);
+    let flushed = observer.clone();
+    lifecycle.at_exit(Box::new(move || flushed.flush(Duration::from_millis(200))));
+    Ok(observer)
+}
+
+fn log_start(cfg: &crate::config::Config, max_connections: usize, upgrade: bool) {
+    let s = &cfg.startup.server;
+    tracing::info!(
+        listen = %s.listen,
+        admin = %s.admin_listen,
+        config = %cfg.source,
+        routes = cfg.routes.len(),
+        limits = cfg.limits.len(),
+        store = %cfg.startup.store.backend,
+        quotas = cfg.startup.quotas.as_ref().map_or("none", |q| q.backend_name()),
+        max_connections,
+        upgrade,
+        "tollgate starting"
+    );
 }
 
 /// Run the demo upstream until stopped.

@@ -11,7 +11,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::HeaderMap;
+use tollgate::config::reload::ConfigHandle;
 use tollgate::config::{from_yaml, Overrides};
+use tollgate::observe::Observer;
+use tollgate::shed::Shedder;
 use tollgate::store::Store;
 
 const CONFIG: &str = r#"
@@ -22,6 +25,7 @@ tiers:
     - { name: free-inflight, kind: concurrency, limit: 1000, timeout: 1m }
 api_keys: { demo-free: free }
 default_tier: free
+access_log: { enabled: false }
 upstreams: { backend: ["127.0.0.1:9000"] }
 routes:
   - { name: default, match: { path_prefix: / }, upstream: backend }
@@ -50,5 +54,29 @@ fn the_memory_store_admit_path_allocates_nothing() {
         (key, ip, xff),
         (0.0, 0.0, 0.0),
         "allocations per request: API key caller, client IP caller, client IP behind a proxy"
+    );
+
+    // The same with the metrics of every decision counted, as request_filter does.
+    let handle = Arc::new(ConfigHandle::new(cfg, None, Overrides::default()));
+    let cfg = handle.snapshot();
+    let shedder = Arc::new(Shedder::new());
+    let observer = Observer::new(handle, store.clone(), shedder).expect("observer");
+    let counted = |headers: &HeaderMap, peer: IpAddr| {
+        support::allocations_per(|now| {
+            support::decide_and_count(&observer, &cfg, &store, headers, peer, now)
+        })
+    };
+    let key = counted(&by_key, peer);
+    let ip = counted(&HeaderMap::new(), peer);
+    assert_eq!(
+        (key, ip),
+        (0.0, 0.0),
+        "allocations per request with metrics: API key caller, client IP caller"
+    );
+    assert!(
+        String::from_utf8(observer.render_metrics())
+            .unwrap()
+            .contains("tollgate_decisions_total{limit=\"free-minute\",outcome=\"allow\",source=\"memory\"} 11000"),
+        "the API key caller's 11,000 decisions (1,000 to warm up, 10,000 counted) were counted"
     );
 }

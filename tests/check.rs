@@ -80,7 +80,7 @@ macro_rules! fixtures {
 
 fixtures! {
     unknown_section => "unknown-section.yaml": [
-        "limit: unknown section, expected one of server, store, identity, tiers, api_keys, default_tier, upstreams, routes, limits, shedding, headers, quotas",
+        "limit: unknown section, expected one of server, store, identity, tiers, api_keys, default_tier, upstreams, routes, limits, shedding, headers, quotas, access_log, admin",
     ],
     misspelled_limit_key => "misspelled-limit-key.yaml": [
         "limits[0].limt: unknown field `limt`, expected one of `name`, `kind`, `key`, `algorithm`, `limit`, `window`, `timeout`, `burst`, `anonymous_only`, `shadow`, `on_error`, `routes`",
@@ -241,6 +241,14 @@ fixtures! {
     ],
     env_default_is_validated => "env-default-is-validated.yaml": [
         r#"limits[0].window: "1x" is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)"#,
+    ],
+    admin_token_env_not_set => "admin-token-unset.yaml": [
+        "admin.token_env: environment variable TOLLGATE_TEST_UNSET_SECRET is not set (it must hold the admin bearer token)",
+    ],
+    bad_access_log => "bad-access-log.yaml": [
+        r#"access_log.format: "xml" is not an access-log format (text, json)"#,
+        "access_log.sample: 1.5 must be greater than 0 and at most 1",
+        "access_log.buffer: must be at least 1",
     ],
 }
 

@@ -18,6 +18,8 @@
 
 mod common;
 
+use tollgate::fingerprint::KeyHash;
+
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -733,7 +735,7 @@ async fn redis_cluster_is_exact_and_limits_in_different_slots_work() {
         let g = slot(&base_key("cl", global, &[]));
         let slots: Vec<u16> = callers
             .iter()
-            .map(|c| slot(&base_key("cl", per_key, &[c.as_bytes()])))
+            .map(|c| slot(&base_key("cl", per_key, &[&KeyHash::of(c).0])))
             .collect();
         assert!(
             slots.iter().any(|s| *s != g),

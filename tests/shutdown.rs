@@ -90,7 +90,15 @@ async fn during_the_drain_period_readyz_is_503_and_requests_are_served_with_conn
     let c = client();
     assert_eq!(gw.readyz_status().await.0, 200);
     gw.proc.signal("TERM");
-    let (status, body) = gw.readyz_status().await;
+    // The signal is handled asynchronously: readiness turns within a moment, then stays 503.
+    let turned = Instant::now() + Duration::from_secs(1);
+    let (status, body) = loop {
+        let (status, body) = gw.readyz_status().await;
+        if status == 503 || Instant::now() > turned {
+            break (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["draining"], true, "{body}");
     for _ in 0..3 {

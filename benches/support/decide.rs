@@ -10,9 +10,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use http::{HeaderMap, Method};
+use std::time::Duration;
+
 use tollgate::admission::{admit, Admitted, Report, Request};
 use tollgate::config::Config;
 use tollgate::identity::identify;
+use tollgate::observe::Observer;
 use tollgate::route::match_route;
 use tollgate::store::Store;
 
@@ -26,6 +29,7 @@ tiers:
     - { name: free-hour, limit: 100000000, window: 1h }
 api_keys: { demo-free: free }
 default_tier: free
+access_log: { enabled: false }
 upstreams: { backend: ["127.0.0.1:9000"] }
 routes:
   - { name: orders, match: { methods: [POST], path_prefix: /api/v1/orders }, upstream: backend }
@@ -74,7 +78,8 @@ pub fn now_or_never<F: Future>(f: F) -> F::Output {
     }
 }
 
-/// What `request_filter` does to decide a GET of `path`: identify, route, admit.
+/// What `request_filter` does to decide a GET of `path`: identify, route, admit. With the
+/// admission's report, for the metrics.
 pub fn decide(
     cfg: &Config,
     store: &Arc<Store>,
@@ -82,7 +87,7 @@ pub fn decide(
     peer: IpAddr,
     path: &str,
     now: u64,
-) -> Admitted {
+) -> (Admitted, Report) {
     let method = Method::GET;
     let caller = identify(cfg, headers, peer).expect("identified");
     let r = match_route(cfg, &method, Some("example.com"), path).expect("a route");
@@ -94,7 +99,22 @@ pub fn decide(
         headers,
     };
     let mut report = Report::default();
-    now_or_never(admit(store, &req, now, &mut report)).expect("admitted")
+    let admitted = now_or_never(admit(store, &req, now, &mut report)).expect("admitted");
+    (admitted, report)
+}
+
+/// [`decide`] a GET of `/x`, then count its decisions in the metrics as `request_filter` does.
+pub fn decide_and_count(
+    observer: &Observer,
+    cfg: &Arc<Config>,
+    store: &Arc<Store>,
+    headers: &HeaderMap,
+    peer: IpAddr,
+    now: u64,
+) -> Admitted {
+    let (admitted, report) = decide(cfg, store, headers, peer, "/x", now);
+    observer.decided(cfg, &report, Duration::from_micros(1));
+    admitted
 }
 
 /// Heap allocations per request of [`decide`] in steady state: every caller seen before.
@@ -104,16 +124,21 @@ pub fn allocations_per_request(
     headers: &HeaderMap,
     peer: IpAddr,
 ) -> f64 {
+    allocations_per(|now| decide(cfg, store, headers, peer, "/x", now).0)
+}
+
+/// Heap allocations per call of `f(now)`, after 1,000 calls to warm up.
+pub fn allocations_per(mut f: impl FnMut(u64) -> Admitted) -> f64 {
     let mut now = 1_700_000_000_000u64;
     for _ in 0..1_000 {
         now += 1;
-        std::hint::black_box(decide(cfg, store, headers, peer, "/x", now));
+        std::hint::black_box(f(now));
     }
     let n = 10_000u64;
     let before = allocations();
     for _ in 0..n {
         now += 1;
-        std::hint::black_box(decide(cfg, store, headers, peer, "/x", now));
+        std::hint::black_box(f(now));
     }
     (allocations() - before) as f64 / n as f64
 }

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use super::policy::{self, Failure};
-use super::{Refused, Report, Request};
+use super::{Refused, Report, Request, Source};
 use crate::config::{LimitId, OnError};
 use crate::refusal::Refusal;
 use crate::store::{Claim, Claims, HeldSlots, InUse, Store};
@@ -63,9 +63,16 @@ pub(super) async fn take(
     }
     let mut in_use = InUse::new();
     match store.take_slots(&claims, &mut in_use).await {
-        Ok(slots) => judge(&claims, &in_use, slots, None, report),
+        Ok(slots) => judge(
+            &claims,
+            &in_use,
+            slots,
+            (None, Source::of_store(store)),
+            report,
+        ),
         Err(e) => {
             report.store_error = Some(e);
+            report.failed.extend(claims.iter().map(|c| c.id));
             let failure = policy::on_store_error(req.cfg, claims.iter().map(|c| c.id));
             let degraded = Some(failure.degraded());
             match failure {
@@ -83,29 +90,27 @@ pub(super) async fn take(
                         c.cap = req.cfg.limit(c.id).concurrency().local_limit;
                     }
                     let slots = store.take_local_slots(&claims, &mut in_use);
-                    judge(&claims, &in_use, slots, degraded, report)
+                    judge(&claims, &in_use, slots, (degraded, Source::Local), report)
                 }
             }
         }
     }
 }
 
-/// Full shadow limits are reported; the first full enforcing limit refuses.
+/// Every limit's decision is reported; the first full enforcing limit refuses.
 fn judge(
     claims: &[Claim],
     in_use: &InUse,
     slots: Option<HeldSlots>,
-    degraded: Option<OnError>,
+    (degraded, source): (Option<OnError>, Source),
     report: &mut Report,
 ) -> Result<Taken, Refused> {
     let mut full: Option<(LimitId, u64)> = None;
     for (c, &n) in claims.iter().zip(in_use) {
-        if n >= c.cap {
-            if c.shadow {
-                report.shadow_denied.push(c.id);
-            } else if full.is_none() {
-                full = Some((c.id, n));
-            }
+        let has_room = n < c.cap;
+        report.decide(c.id, has_room, c.shadow, source, None);
+        if !has_room && !c.shadow && full.is_none() {
+            full = Some((c.id, n));
         }
     }
     match full {

@@ -68,13 +68,101 @@ pub struct Refused {
     pub degraded: Option<OnError>,
 }
 
+/// What one limit decided for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Allow,
+    Deny,
+    /// A shadow limit that would have denied; it let the request through.
+    ShadowDeny,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 3] = [Outcome::Allow, Outcome::Deny, Outcome::ShadowDeny];
+
+    fn of(allowed: bool, shadow: bool) -> Outcome {
+        match (allowed, shadow) {
+            (true, _) => Outcome::Allow,
+            (false, false) => Outcome::Deny,
+            (false, true) => Outcome::ShadowDeny,
+        }
+    }
+
+    /// The word metrics and logs use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allow => "allow",
+            Outcome::Deny => "deny",
+            Outcome::ShadowDeny => "shadow_deny",
+        }
+    }
+}
+
+impl Source {
+    /// The word metrics use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Memory => "memory",
+            Source::Redis => "redis",
+            Source::Local => "local",
+        }
+    }
+
+    /// Where `store` decides when it answers.
+    pub fn of_store(store: &Store) -> Source {
+        match store.redis_store() {
+            Some(_) => Source::Redis,
+            None => Source::Memory,
+        }
+    }
+}
+
+/// One limit's own decision for one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decided {
+    pub limit: LimitId,
+    pub outcome: Outcome,
+    pub source: Source,
+    /// Rate limits: the fraction of the limit used after this request (1 when denied).
+    pub used: Option<f64>,
+}
+
 /// What one admission found beyond its outcome: for logs and metrics.
 #[derive(Debug, Default)]
 pub struct Report {
-    /// Shadow limits (of either kind) that would have refused.
-    pub shadow_denied: SmallVec<[LimitId; 2]>,
+    /// Every limit's own decision, in the order they were checked (concurrency first). With
+    /// several limits, each says what it decided, also when another one refused.
+    pub decided: SmallVec<[Decided; 8]>,
+    /// Limits the store could not answer for: each was answered by its `on_error`.
+    pub failed: SmallVec<[LimitId; 4]>,
     /// Set when the store failed and the failure policies decided.
     pub store_error: Option<StoreError>,
+}
+
+impl Report {
+    /// Shadow limits (of either kind) that would have refused.
+    pub fn shadow_denied(&self) -> impl Iterator<Item = LimitId> + '_ {
+        self.decided
+            .iter()
+            .filter(|d| d.outcome == Outcome::ShadowDeny)
+            .map(|d| d.limit)
+    }
+
+    fn decide(
+        &mut self,
+        limit: LimitId,
+        allowed: bool,
+        shadow: bool,
+        source: Source,
+        used: Option<f64>,
+    ) {
+        self.decided.push(Decided {
+            limit,
+            outcome: Outcome::of(allowed, shadow),
+            source,
+            used,
+        });
+    }
 }
 
 /// Run every limit that applies to `req` at `now` (the gateway's clock, ms since the Unix
@@ -120,7 +208,7 @@ impl Request<'_> {
         let mut bytes: [&[u8]; 8] = [&[]; 8];
         for (slot, part) in bytes.iter_mut().zip(parts) {
             *slot = match part {
-                KeyPart::ApiKey => self.caller.api_key?.as_bytes(),
+                KeyPart::ApiKey => &self.caller.key_hash.as_ref()?.0,
                 KeyPart::User => self.caller.user.as_deref()?.as_bytes(),
                 KeyPart::ClientIp => &ip_buf[..ip_len],
                 KeyPart::Route => self.route.name.as_bytes(),

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use super::policy::{self, Failure};
-use super::{Admitted, Refused, Report, Request};
-use crate::config::{Config, LimitId};
+use super::{Admitted, Refused, Report, Request, Source};
+use crate::config::LimitId;
 use crate::limit::Decision;
 use crate::refusal::Refusal;
 use crate::store::{Check, Checks, Decisions, Store};
@@ -23,7 +23,7 @@ impl Request<'_> {
                     id,
                     name: l.name.clone(),
                     key,
-                    quota: l.rate().quota,
+                    quota: self.caller.rate_spec(self.cfg, id).quota,
                     cost: self.route.cost,
                     shadow: l.shadow,
                 }
@@ -50,28 +50,29 @@ pub(super) async fn check(
     let mut decisions = Decisions::new();
     match store.check(&checks, now, &mut decisions).await {
         Ok(at) => {
-            let decided = most_restrictive(&checks, &decisions, report);
-            verdict(decided, at, None)
+            let source = Source::of_store(store);
+            let decided = most_restrictive(&checks, &decisions, source, report);
+            verdict(req, decided, at, None)
         }
         Err(e) => {
             report.store_error = Some(e);
-            on_store_error(req.cfg, store, &mut checks, now, &mut decisions, report)
+            report.failed.extend(checks.iter().map(|c| c.id));
+            on_store_error(req, store, &mut checks, now, &mut decisions, report)
         }
     }
 }
 
-/// The most restrictive enforcing decision; shadow limits that would deny are reported.
+/// The most restrictive enforcing decision; every limit's own decision is reported.
 fn most_restrictive(
     checks: &[Check],
     decisions: &[Decision],
+    source: Source,
     report: &mut Report,
 ) -> Option<(LimitId, Decision)> {
     let mut decisive: Option<(LimitId, Decision)> = None;
     for (c, d) in checks.iter().zip(decisions) {
+        report.decide(c.id, d.allowed, c.shadow, source, Some(used(d)));
         if c.shadow {
-            if !d.allowed {
-                report.shadow_denied.push(c.id);
-            }
             continue;
         }
         if decisive.is_none_or(|(_, best)| d.more_restrictive_than(&best)) {
@@ -81,7 +82,16 @@ fn most_restrictive(
     decisive
 }
 
+/// The fraction of a rate limit used after a decision: 1 when denied.
+fn used(d: &Decision) -> f64 {
+    if !d.allowed || d.limit == 0 {
+        return 1.0;
+    }
+    1.0 - d.remaining.min(d.limit) as f64 / d.limit as f64
+}
+
 fn verdict(
+    req: &Request<'_>,
     decisive: Option<(LimitId, Decision)>,
     at: u64,
     degraded: Option<crate::config::OnError>,
@@ -92,6 +102,7 @@ fn verdict(
                 limit,
                 decision,
                 at_ms: at,
+                spec: req.caller.override_spec(limit).cloned(),
             },
             degraded,
         }),
@@ -107,13 +118,14 @@ fn verdict(
 /// The store could not answer: the failure policies decide; `local` limits are checked on the
 /// in-process fallback with their local quota.
 fn on_store_error(
-    cfg: &Config,
+    req: &Request<'_>,
     store: &Store,
     checks: &mut Checks,
     now: u64,
     decisions: &mut Decisions,
     report: &mut Report,
 ) -> Result<Admitted, Refused> {
+    let cfg = req.cfg;
     let failure = policy::on_store_error(cfg, checks.iter().map(|c| c.id));
     let degraded = Some(failure.degraded());
     match failure {
@@ -121,15 +133,15 @@ fn on_store_error(
             refusal: Refusal::StoreUnavailable { limit },
             degraded,
         }),
-        Failure::Open => verdict(None, now, degraded),
+        Failure::Open => verdict(req, None, now, degraded),
         Failure::Local => {
             checks.retain(|c| policy::is_local(cfg, c.id));
             for c in checks.iter_mut() {
-                c.quota = cfg.limit(c.id).rate().local_quota;
+                c.quota = req.caller.rate_spec(cfg, c.id).local_quota;
             }
             store.local().counters.check(checks, now, decisions);
-            let decided = most_restrictive(checks, decisions, report);
-            verdict(decided, now, degraded)
+            let decided = most_restrictive(checks, decisions, Source::Local, report);
+            verdict(req, decided, now, degraded)
         }
     }
 }

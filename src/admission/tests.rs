@@ -29,9 +29,11 @@ fn config() -> Config {
 fn caller<'a>(cfg: &Config, key: Option<&'a str>) -> Caller<'a> {
     Caller {
         api_key: key,
+        key_hash: key.map(crate::fingerprint::KeyHash::of),
         user: None,
         tier: key.and_then(|k| cfg.api_keys.get(k).copied()),
         client_ip: "10.0.0.1".parse().unwrap(),
+        overrides: None,
     }
 }
 

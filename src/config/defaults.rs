@@ -92,3 +92,10 @@ pub const HEADERS: HeaderSettings = HeaderSettings {
     ietf: true,
     legacy: true,
 };
+
+// access_log
+pub const ACCESS_LOG_ENABLED: bool = true;
+/// Every request is logged.
+pub const ACCESS_LOG_SAMPLE: f64 = 1.0;
+/// Lines waiting for the writer at most; more are dropped (and counted).
+pub const ACCESS_LOG_BUFFER: usize = 8192;

@@ -12,8 +12,8 @@ use super::errors::{clean_serde_message, Errors};
 use super::limits::LimitBuilder;
 use super::routes::{self, Route, RouteId};
 use super::{
-    defaults, identity, quotas, raw, server, shedding, store, tiers, Config, ConfigErrors,
-    HeaderSettings, Startup,
+    access_log, admin, defaults, identity, quotas, raw, server, shedding, store, tiers, Config,
+    ConfigErrors, HeaderSettings, Startup,
 };
 
 /// Command-line settings that take precedence over the file.
@@ -24,6 +24,8 @@ pub struct Overrides {
     /// `--upstream`: the servers of the upstream named `default`.
     pub upstream: Vec<String>,
     pub redis_url: Option<String>,
+    /// `--log-format json`: the access log defaults to JSON too.
+    pub json_logs: bool,
 }
 
 /// The sections of one file, each deserialized on its own.
@@ -41,6 +43,8 @@ struct Sections {
     headers: raw::Headers,
     shedding: Option<raw::Shedding>,
     quotas: Option<raw::Quotas>,
+    access_log: raw::AccessLog,
+    admin: raw::Admin,
 }
 
 /// The top-level mapping of the file, or `None` (reported) when the file is not one.
@@ -104,6 +108,12 @@ fn sections(errs: &mut Errors, map: Mapping, o: &Overrides) -> Sections {
     }
     s.shedding = take("shedding").and_then(|v| errs.parse("shedding", v));
     s.quotas = take("quotas").and_then(|v| errs.parse("quotas", v));
+    if let Some(v) = take("access_log").and_then(|v| errs.parse("access_log", v)) {
+        s.access_log = v;
+    }
+    if let Some(v) = take("admin").and_then(|v| errs.parse("admin", v)) {
+        s.admin = v;
+    }
     s.upstreams = upstreams_section(errs, upstreams, o);
     s.routes = routes_section(errs, routes, o);
     s
@@ -170,6 +180,8 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
     let identity = identity::validate(&mut errs, s.identity);
     let shedding = s.shedding.map(|r| shedding::validate(&mut errs, r));
     let quotas = s.quotas.map(|r| quotas::validate(&mut errs, r));
+    let access_log = access_log::validate(&mut errs, s.access_log, overrides.json_logs);
+    let admin = admin::validate(&mut errs, s.admin);
     let mut b = LimitBuilder::new(failure);
     let (tiers, tier_ids) = tiers::tiers(&mut errs, s.tiers, &mut b);
     let api_keys = tiers::api_keys(&mut errs, s.api_keys, &tier_ids);
@@ -202,6 +214,8 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
         headers,
         shedding,
         failure,
+        access_log,
+        admin,
     })
 }
 

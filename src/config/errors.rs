@@ -162,6 +162,31 @@ impl Errors {
     }
 }
 
+/// The value of the environment variable `var`, which must be set and not empty; `what` says
+/// what it must hold. Reported at `path` otherwise.
+pub(super) fn secret_from_env(
+    errs: &mut Errors,
+    path: &str,
+    var: &str,
+    what: &str,
+) -> Option<String> {
+    match std::env::var(var) {
+        Ok(secret) if !secret.is_empty() => Some(secret),
+        other => {
+            let state = if other.is_ok() {
+                "is empty"
+            } else {
+                "is not set"
+            };
+            errs.at(
+                path,
+                format!("environment variable {var} {state} (it must hold {what})"),
+            );
+            None
+        }
+    }
+}
+
 fn join_path(outer: &str, inner: &str) -> String {
     match (outer.is_empty(), inner.is_empty()) {
         (_, true) => outer.to_string(),

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use http::header::HeaderName;
 use ipnet::IpNet;
 
-use super::errors::Errors;
+use super::errors::{secret_from_env, Errors};
 use super::{defaults, raw};
 
 #[derive(Debug, Clone)]
@@ -97,24 +97,12 @@ fn jwt(errs: &mut Errors, j: raw::Jwt) -> Option<JwtSettings> {
         .header
         .and_then(|h| header_name(errs, "identity.jwt.header", &h))
         .unwrap_or(HeaderName::from_static(defaults::JWT_HEADER));
-    let secret = match std::env::var(&j.hs256_secret_env) {
-        Ok(secret) if !secret.is_empty() => secret,
-        other => {
-            let state = if other.is_ok() {
-                "is empty"
-            } else {
-                "is not set"
-            };
-            errs.at(
-                "identity.jwt.hs256_secret_env",
-                format!(
-                    "environment variable {} {state} (it must hold the HS256 secret)",
-                    j.hs256_secret_env
-                ),
-            );
-            return None;
-        }
-    };
+    let secret = secret_from_env(
+        errs,
+        "identity.jwt.hs256_secret_env",
+        &j.hs256_secret_env,
+        "the HS256 secret",
+    )?;
     let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);
     validation.required_spec_claims.clear();
     validation.validate_exp = true;

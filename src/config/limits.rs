@@ -118,7 +118,7 @@ pub enum Spec {
 }
 
 /// `limit` units per `window`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateSpec {
     pub quota: Quota,
     /// The quota on the local fallback limiter (`limit × store.local_share`, at least 1).

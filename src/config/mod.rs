@@ -13,6 +13,8 @@
 //! Phase: startup and reload only. Nothing here runs per request except reading the
 //! already-built [`Config`].
 
+mod access_log;
+mod admin;
 pub mod defaults;
 mod document;
 mod env;
@@ -31,6 +33,8 @@ mod tiers;
 use std::collections::HashMap;
 use std::path::Path;
 
+pub use access_log::{AccessLogFormat, AccessLogSettings};
+pub use admin::AdminSettings;
 pub use document::{from_yaml, Overrides};
 pub use env::expand_env;
 pub use errors::{ConfigErrors, WordError};
@@ -157,6 +161,8 @@ pub struct Config {
     pub shedding: Option<Shedding>,
     /// `store.on_error` and `store.local_share`, already applied to every limit.
     pub failure: FailureDefaults,
+    pub access_log: AccessLogSettings,
+    pub admin: AdminSettings,
 }
 
 /// `headers`: which families of rate-limit headers responses carry.

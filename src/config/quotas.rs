@@ -17,6 +17,15 @@ pub struct QuotaSettings {
 }
 
 impl QuotaSettings {
+    /// `postgresql` or `sqlite`, for logs.
+    pub fn backend_name(&self) -> &'static str {
+        if self.database.starts_with("sqlite:") {
+            "sqlite"
+        } else {
+            "postgresql"
+        }
+    }
+
     /// The database URL with any password replaced, for logs and `/readyz`.
     pub fn database_redacted(&self) -> String {
         redact_password(&self.database)

@@ -196,6 +196,33 @@ pub struct Quotas {
     pub refresh: Option<String>,
 }
 
+// ---- observability (issue 12) ----
+
+/// `access_log`: one line per request, written off the request path.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLog {
+    pub enabled: Option<bool>,
+    /// `text` or `json` (default: `json` with `--log-format json`, else `text`).
+    pub format: Option<String>,
+    /// A file to append to (default: standard output).
+    pub path: Option<String>,
+    /// The fraction of requests logged, in (0, 1].
+    pub sample: Option<f64>,
+    /// Lines waiting for the writer at most; more are dropped and counted.
+    pub buffer: Option<usize>,
+}
+
+/// `admin`: the admin listener's authentication.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admin {
+    /// The environment variable that holds the admin bearer token.
+    pub token_env: Option<String>,
+}
+
+// ---- end observability ----
+
 /// The top-level keys, in the order they are read and reported.
 pub const SECTIONS: &[&str] = &[
     "server",
@@ -210,4 +237,6 @@ pub const SECTIONS: &[&str] = &[
     "shedding",
     "headers",
     "quotas",
+    "access_log",
+    "admin",
 ];

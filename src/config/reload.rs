@@ -34,6 +34,10 @@ pub struct ConfigHandle {
     last_seen: AtomicU64,
     /// Successful reloads since start.
     pub generation: AtomicU64,
+    /// Reloads rejected (the file did not validate) since start.
+    pub rejected: AtomicU64,
+    /// Whether the last reload attempt succeeded (true before any).
+    pub last_reload_ok: AtomicBool,
     /// Set by the SIGHUP handler, cleared by the watcher.
     hup: Arc<AtomicBool>,
 }
@@ -50,6 +54,8 @@ impl ConfigHandle {
             overrides,
             last_seen: AtomicU64::new(last_seen),
             generation: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            last_reload_ok: AtomicBool::new(true),
             hup: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -83,7 +89,10 @@ impl ConfigHandle {
         self.last_seen.store(content_hash(bytes), Ordering::Relaxed);
         let text = std::str::from_utf8(bytes)
             .map_err(|e| ConfigErrors(vec![format!("{label}: not UTF-8: {e}")]))?;
-        let mut next = from_file_text(label, text, &self.overrides)?;
+        let mut next = from_file_text(label, text, &self.overrides).inspect_err(|_| {
+            self.rejected.fetch_add(1, Ordering::Relaxed);
+            self.last_reload_ok.store(false, Ordering::Relaxed);
+        })?;
         let old = self.current.load();
         let changed = old.startup.changes(&next.startup);
         if !changed.is_empty() {
@@ -97,6 +106,7 @@ impl ConfigHandle {
         let next = Arc::new(next);
         self.current.store(next.clone());
         self.generation.fetch_add(1, Ordering::Relaxed);
+        self.last_reload_ok.store(true, Ordering::Relaxed);
         Ok(next)
     }
 

@@ -78,13 +78,13 @@ impl Quotas {
         })
     }
 
-    /// The override in force for `api_key` under config `cfg` at `now` (Unix seconds).
-    pub fn lookup(&self, cfg: &Arc<Config>, api_key: &str, now: i64) -> Lookup {
+    /// The override in force for the key hashed `key` under config `cfg` at `now` (Unix
+    /// seconds).
+    pub fn lookup_hash(&self, cfg: &Arc<Config>, key: KeyHash, now: i64) -> Lookup {
         let table = self.table.load();
         if table.by_key.is_empty() {
             return Lookup::None;
         }
-        let key = KeyHash::of(api_key);
         let resolved = self.resolved_for(cfg, &table);
         match resolved.by_key.get(&key) {
             Some(r) if r.in_force(now) => Lookup::Some(r.clone()),

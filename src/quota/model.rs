@@ -4,38 +4,13 @@
 //! Phase: the admin API and the refresh task, never a request.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::config::{Config, Spec};
 
-/// BLAKE3 of an API key: how the quota store names it.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct KeyHash(pub [u8; 32]);
-
-impl KeyHash {
-    pub fn of(api_key: &str) -> KeyHash {
-        KeyHash(*blake3::hash(api_key.as_bytes()).as_bytes())
-    }
-
-    pub fn hex(&self) -> String {
-        blake3::Hash::from(self.0).to_hex().to_string()
-    }
-
-    pub fn from_hex(s: &str) -> Option<KeyHash> {
-        blake3::Hash::from_hex(s)
-            .ok()
-            .map(|h| KeyHash(*h.as_bytes()))
-    }
-}
-
-impl fmt::Debug for KeyHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "KeyHash({}…)", &self.hex()[..8])
-    }
-}
+pub use crate::fingerprint::KeyHash;
 
 /// Whether a key may be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -375,7 +375,7 @@ impl Store {
 
 /// This process among all gateways sharing a Redis: a hash of the pid, the start time and an
 /// address, so that request ids of two gateways never collide.
-fn instance_id() -> u64 {
+pub fn instance_id() -> u64 {
     let mut h = blake3::Hasher::new();
     h.update(&std::process::id().to_le_bytes());
     let now = std::time::SystemTime::now()

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::breaker::{Admission, Breaker, State as BreakerState, Transition};
-use super::{Check, Decisions, Local, StoreError, FALLBACK_MAX_KEYS};
+use super::{Check, Decisions, ErrorKind, Local, StoreError, FALLBACK_MAX_KEYS};
 use crate::config::{BreakerSettings, Topology};
 use crate::limit::{Algorithm, Decision};
 
@@ -202,6 +202,11 @@ pub struct RedisStats {
     pub rejected: AtomicU64,
     /// Times the breaker opened.
     pub opened: AtomicU64,
+    /// Times it went half-open (a probe), and closed again.
+    pub half_opened: AtomicU64,
+    pub closed: AtomicU64,
+    /// Failed calls by kind: timeout, connection, script, other (`ErrorKind` order).
+    pub errors: [AtomicU64; 4],
 }
 
 fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
@@ -286,9 +291,11 @@ impl RedisStore {
                 );
             }
             Some(Transition::HalfOpened) => {
+                self.stats.half_opened.fetch_add(1, Ordering::Relaxed);
                 tracing::info!("redis circuit breaker half-open: probing");
             }
             Some(Transition::Closed) => {
+                self.stats.closed.fetch_add(1, Ordering::Relaxed);
                 tracing::info!("redis circuit breaker closed: redis answers again")
             }
             None => {}
@@ -458,8 +465,15 @@ impl RedisStore {
             Ok(Ok(r)) => Ok(r),
         };
         self.log_transition(self.breaker.record(result.is_ok(), Instant::now()));
-        if result.is_err() {
+        if let Err(e) = &result {
             self.stats.failures.fetch_add(1, Ordering::Relaxed);
+            let kind = match e.kind() {
+                ErrorKind::Timeout => 0,
+                ErrorKind::Connection => 1,
+                ErrorKind::Script => 2,
+                ErrorKind::Other | ErrorKind::CircuitOpen => 3,
+            };
+            self.stats.errors[kind].fetch_add(1, Ordering::Relaxed);
             // The first failure after a success starts an outage: the local fallback limiter
             // starts it from empty counters.
             if self.healthy.swap(false, Ordering::Relaxed) {

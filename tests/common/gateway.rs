@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::http::{client_builder, get_json, http_ok, tcp_open};
+use super::http::{client_builder, get, get_json, http_ok, tcp_open, Resp};
 use super::process::{free_port, loopback, on_free_ports, Proc};
+use super::scrape::Metrics;
 use super::wait::eventually;
 
 /// The gateway on a temporary `gateway.yaml`, with `--listen` and `--admin-listen` on free
@@ -201,6 +202,27 @@ impl Gateway {
             .holds_on(|| self.readyz_status(), |(status, _)| *status == want)
             .await
             .1
+    }
+
+    /// `GET /metrics` of the admin listener, parsed.
+    pub async fn metrics(&self) -> Metrics {
+        let r = self.admin_get("/metrics", &[]).await;
+        assert_eq!(r.status.as_u16(), 200, "GET /metrics: {}", r.text());
+        assert_eq!(
+            r.header("content-type"),
+            "text/plain; version=0.0.4; charset=utf-8"
+        );
+        Metrics::parse(&r.text())
+    }
+
+    /// `GET {path}` of the admin listener with `headers`, whatever it answers.
+    pub async fn admin_get(&self, path: &str, headers: &[(&str, &str)]) -> Resp {
+        get(
+            &self.client,
+            &format!("http://{}{path}", self.admin),
+            headers,
+        )
+        .await
     }
 
     /// `GET /stats` of the admin listener: requests in flight, shedding per class, slots.

@@ -14,6 +14,9 @@
 //! - [`postgres`]: a real PostgreSQL server (`initdb` + `postgres`) for the quota store.
 //! - [`fleet`]: `docker/fleet.sh`: HAProxy, two gateways, Redis and the upstream on loopback;
 //!   [`haproxy`]: `haproxy -c` and the balancer's view of its servers.
+//! - [`scrape`]: `/metrics` parsed by a real exposition-format parser, and `promtool`.
+//! - [`prometheus`]: a real Prometheus server scraping gateways, queried with PromQL.
+//! - [`browser`]: headless Chromium: a page's DOM after its scripts ran, screenshots.
 //! - [`clock`]: the wall clock and fixed-window boundaries.
 //!
 //! Every wait is bounded; nothing listens or connects outside 127.0.0.0/8. A missing program
@@ -23,6 +26,7 @@
 //! so a reader sees where each helper lives.
 #![allow(dead_code)] // Each test binary uses a different part of the harness.
 
+pub mod browser;
 pub mod clock;
 pub mod faults;
 pub mod fleet;
@@ -32,7 +36,9 @@ pub mod http;
 pub mod load;
 pub mod postgres;
 pub mod process;
+pub mod prometheus;
 pub mod raw;
 pub mod redis;
+pub mod scrape;
 pub mod upstream;
 pub mod wait;

@@ -14,6 +14,7 @@ use std::time::Duration;
 use tempfile::NamedTempFile;
 
 use super::faults::signal;
+use super::http::http_ok;
 use super::wait::eventually;
 
 /// How long a process gets to answer after it was started.
@@ -143,6 +144,13 @@ impl Proc {
     /// Send `sig` (`STOP`, `CONT`, `HUP`, ...) with `kill -<sig> <pid>`.
     pub fn signal(&self, sig: &str) {
         signal(self.pid(), sig);
+    }
+
+    /// Wait until `GET url` answers 200 (see [`Proc::wait_ready`]); the process, or
+    /// `Err(output)` when it exited first.
+    pub async fn answering(mut self, client: &reqwest::Client, url: &str) -> Result<Proc, String> {
+        self.wait_ready(|| http_ok(client, url)).await?;
+        Ok(self)
     }
 
     /// Wait until `ready` holds, at most [`START_TIMEOUT`]. `Err(output)` when the process

@@ -8,7 +8,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde::Deserialize;
 
-use super::http::{client_builder, get_json, http_ok};
+use super::http::{client_builder, get_json};
 use super::process::{free_port, loopback, on_free_ports, Proc};
 use super::wait::eventually;
 
@@ -36,19 +36,19 @@ impl Upstream {
         let client = &client;
         on_free_ports("demo upstream", || async move {
             let addr = loopback(free_port());
-            let mut proc = Proc::tollgate(
+            let stats = format!("http://{addr}/__demo/stats");
+            Proc::tollgate(
                 "demo upstream",
                 &["demo-upstream".into(), "--listen".into(), addr.to_string()],
                 &[],
-            );
-            let stats = format!("http://{addr}/__demo/stats");
-            proc.wait_ready(|| http_ok(client, &stats))
-                .await
-                .map(|()| Upstream {
-                    addr,
-                    proc,
-                    client: client.clone(),
-                })
+            )
+            .answering(client, &stats)
+            .await
+            .map(|proc| Upstream {
+                addr,
+                proc,
+                client: client.clone(),
+            })
         })
         .await
     }

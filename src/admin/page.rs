@@ -1,0 +1,49 @@
+//! The live page at `GET /` of the admin listener: one self-contained HTML file (no external
+//! scripts, fonts or stylesheets) that polls `/stats` and `/top` every second. With an admin
+//! token configured, a browser without it gets a small login form instead, which keeps the
+//! token in a session cookie (see [`super::auth`]).
+//!
+//! Phase: the admin listener.
+
+use http::Response;
+
+/// The live page.
+pub const PAGE: &str = include_str!("page.html");
+
+/// The login form: it stores the token as the session cookie and loads the page again.
+const LOGIN: &str = r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>tollgate admin: sign in</title>
+<style>body{font:15px system-ui,sans-serif;background:#10151c;color:#e6edf3;display:flex;justify-content:center;margin-top:15vh}
+form{background:#18202a;padding:2em;border-radius:8px}input{font:inherit;padding:.4em;margin:.5em 0;width:22em}
+button{font:inherit;padding:.4em 1.2em}.msg{color:#f0883e}</style></head>
+<body><form id="login"><h2>tollgate admin</h2><p class="msg">MESSAGE</p>
+<label>Admin token<br><input id="token" type="password" autocomplete="current-password" autofocus></label><br>
+<button type="submit">Open</button></form>
+<script>
+document.getElementById('login').addEventListener('submit', function (e) {
+  e.preventDefault();
+  document.cookie = 'tollgate_admin=' + encodeURIComponent(document.getElementById('token').value) +
+    '; path=/; SameSite=Strict';
+  location.reload();
+});
+</script></body></html>
+"#;
+
+fn html(status: u16, body: String) -> Response<Vec<u8>> {
+    super::response(status, "text/html; charset=utf-8", body.into_bytes())
+}
+
+/// `GET /` with the right token (or none configured).
+pub fn live() -> Response<Vec<u8>> {
+    html(200, PAGE.to_string())
+}
+
+/// `GET /` without the token (401) or with a wrong one (403).
+pub fn login(status: u16) -> Response<Vec<u8>> {
+    let msg = if status == 401 {
+        "This page needs the admin token (the environment variable named by admin.token_env)."
+    } else {
+        "That token is wrong."
+    };
+    html(status, LOGIN.replace("MESSAGE", msg))
+}
