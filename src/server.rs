@@ -141,8 +141,8 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
     let shedder = Arc::new(Shedder::new());
     let conns = Connections::new(connection_cap(s, open_files), s.header_timeout);
     let lifecycle = Lifecycle::new(conns.clone(), s.drain_period, s.grace_period);
-    let observer = observer(&config, &store, &shedder, &lifecycle)?;
     let quotas = cfg.startup.quotas.clone().map(Quotas::new);
+    let observer = observer(&config, &store, &shedder, &lifecycle, &quotas)?;
     let gateway = Gateway {
         config: config.clone(),
         quotas: quotas.clone(),
@@ -197,9 +197,11 @@ fn observer(
     store: &Arc<Store>,
     shedder: &Arc<Shedder>,
     lifecycle: &Lifecycle,
+    quotas: &Option<Arc<Quotas>>,
 ) -> Result<Arc<Observer>, StartError> {
     let observer = Observer::new(config.clone(), store.clone(), shedder.clone());
-    let observer = Arc::new(observer.map_err(StartError::AccessLog)?);
+    let observer = observer.map_err(StartError::AccessLog)?;
+    let observer = Arc::new(observer.with_quotas(quotas.clone()));
     let flushed = observer.clone();
     lifecycle.at_exit(Box::new(move || flushed.flush(Duration::from_millis(200))));
     Ok(observer)

@@ -56,20 +56,12 @@ struct Named {
     raw: Option<String>,
 }
 
+/// A path or query segment, percent-decoded; `None` unless it is UTF-8.
 fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            out.push(u8::from_str_radix(std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .ok()
+        .map(|c| c.into_owned())
 }
 
 /// Resolve `{key}`: a raw key, or `fp:…` looked up in the quota store.
@@ -167,7 +159,7 @@ impl Admin {
         let Some(quotas) = self.quotas.clone() else {
             return problem(404, "the quota store is not enabled: add `quotas: { database: \"sqlite:///var/lib/tollgate/quotas.db\" }` (or a postgres:// URL) to the config and restart", None);
         };
-        let db = quotas.db();
+        let db = quotas.db_within(quota::CONNECT_TIMEOUT).await;
         let client = session
             .client_addr()
             .map_or_else(|| "unknown".to_string(), |a| a.to_string());

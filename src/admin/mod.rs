@@ -130,6 +130,8 @@ impl Admin {
                 "config_generation": self.generation(),
                 "store": store,
                 "store_status": self.store.status(),
+                // Never a reason to be unready: gateways serve with the overrides they have.
+                "quotas": self.quotas.as_ref().map(|q| q.status_json()),
             }),
         )
     }

@@ -93,6 +93,15 @@ pub struct Metrics {
     pub(super) access_log_dropped: IntCounter,
     /// Held while scraped values are copied in, so two scrapes never add a delta twice.
     sync: parking_lot::Mutex<()>,
+    /// Registered at the first scrape of a gateway with a quota store.
+    quotas: std::sync::OnceLock<QuotaGauges>,
+}
+
+/// The quota store's state.
+struct QuotaGauges {
+    overrides: IntGauge,
+    age: IntGauge,
+    stale: IntGauge,
 }
 
 fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -164,7 +173,23 @@ impl Metrics {
             access_log_dropped: counter(&r, "tollgate_access_log_dropped_total", "Access-log lines dropped because the writer's buffer was full."),
             registry: r,
             sync: parking_lot::Mutex::new(()),
+            quotas: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Copy in the quota store's state: how many overrides are held, how old they are, and
+    /// whether the database could not be read at the last try.
+    pub fn sync_quotas(&self, q: &crate::quota::Quotas) {
+        let r = &self.registry;
+        let g = self.quotas.get_or_init(|| QuotaGauges {
+            overrides: gauge(r, "tollgate_quota_overrides", "Quota overrides this gateway holds in memory."),
+            age: gauge(r, "tollgate_quota_overrides_age_seconds", "Seconds since this gateway last loaded the quota overrides (since it started, if it never has)."),
+            stale: gauge(r, "tollgate_quota_overrides_stale", "1 while the quota database cannot be read and the overrides held may be stale, else 0."),
+        });
+        let now = crate::quota::now_s();
+        g.overrides.set(q.held() as i64);
+        g.age.set(q.age_s(now));
+        g.stale.set(i64::from(q.is_stale()));
     }
 
     /// Copy in the values that other modules count: shedding, slots, store, breaker, reloads.

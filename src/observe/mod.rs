@@ -121,6 +121,8 @@ pub struct Observer {
     requests: AtomicU64,
     /// Requests considered for the access log, for sampling.
     considered: AtomicU64,
+    /// The quota store, whose state the metrics show.
+    quotas: Option<Arc<crate::quota::Quotas>>,
 }
 
 impl Observer {
@@ -149,7 +151,14 @@ impl Observer {
             instance: crate::store::instance_id(),
             requests: AtomicU64::new(0),
             considered: AtomicU64::new(0),
+            quotas: None,
         })
+    }
+
+    /// Also show the quota store's state in the metrics.
+    pub fn with_quotas(mut self, quotas: Option<Arc<crate::quota::Quotas>>) -> Observer {
+        self.quotas = quotas;
+        self
     }
 
     /// The label handles of `cfg`, then `f` of them. The current config's are resolved once
@@ -312,6 +321,9 @@ impl Observer {
         let add = |c: &prometheus::IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
         add(&m.access_log_dropped, self.log.dropped());
         add(&m.access_log_lines, self.log.written());
+        if let Some(q) = &self.quotas {
+            self.metrics.sync_quotas(q);
+        }
         self.metrics.render()
     }
 

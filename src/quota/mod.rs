@@ -62,6 +62,10 @@ pub struct Quotas {
     loads: AtomicU64,
     /// Wakes the refresh task (a change made through this gateway's admin API).
     changed: Notify,
+    /// Wakes admin calls waiting for the first connection.
+    connected: Notify,
+    /// Unix seconds when this handle was made.
+    created_at: i64,
 }
 
 impl Quotas {
@@ -75,6 +79,8 @@ impl Quotas {
             stale_since: AtomicI64::new(0),
             loads: AtomicU64::new(0),
             changed: Notify::new(),
+            connected: Notify::new(),
+            created_at: now_s(),
         })
     }
 
@@ -109,6 +115,18 @@ impl Quotas {
         self.db.load_full()
     }
 
+    /// The database, waiting up to `within` for the first connection: an admin call that
+    /// arrives while a gateway is still starting gets an answer, not a 503.
+    pub async fn db_within(&self, within: Duration) -> Option<Arc<Db>> {
+        // Made before the check, so a connection between the two is not missed.
+        let connected = self.connected.notified();
+        if let Some(db) = self.db() {
+            return Some(db);
+        }
+        let _ = tokio::time::timeout(within, connected).await;
+        self.db()
+    }
+
     /// Reload soon: a change was made through this gateway.
     pub fn changed(&self) {
         self.changed.notify_one();
@@ -121,7 +139,13 @@ impl Quotas {
             let t = v.load(Ordering::Relaxed);
             (t > 0).then(|| model::rfc3339(t))
         };
+        let state = match (self.loaded_at.load(Ordering::Relaxed), self.is_stale()) {
+            (0, _) => "not loaded: serving with the config file alone until the database answers",
+            (_, true) => "stale: serving with the overrides last loaded",
+            (_, false) => "loaded",
+        };
         serde_json::json!({
+            "state": state,
             "database": self.settings.database_redacted(),
             "connected": self.db.load().is_some(),
             "overrides": self.table.load().by_key.len(),
@@ -131,10 +155,21 @@ impl Quotas {
         })
     }
 
-    /// Seconds since the overrides were last loaded (for a metric); `None` before the first.
-    pub fn age_s(&self, now: i64) -> Option<i64> {
+    /// Seconds since the overrides were last loaded (since this handle was made, before the
+    /// first load), for a metric.
+    pub fn age_s(&self, now: i64) -> i64 {
         let t = self.loaded_at.load(Ordering::Relaxed);
-        (t > 0).then(|| now - t)
+        now - if t > 0 { t } else { self.created_at }
+    }
+
+    /// Whether the last load failed (or none has worked yet).
+    pub fn is_stale(&self) -> bool {
+        self.stale_since.load(Ordering::Relaxed) != 0 || self.loaded_at.load(Ordering::Relaxed) == 0
+    }
+
+    /// How many overrides are held.
+    pub fn held(&self) -> usize {
+        self.table.load().by_key.len()
     }
 
     /// Load every override from the database now.
@@ -199,6 +234,7 @@ impl Quotas {
                 Ok(db) => {
                     let db = Arc::new(db);
                     self.db.store(Some(db.clone()));
+                    self.connected.notify_waiters();
                     match self.reload(&db).await {
                         Ok(n) => {
                             tracing::info!(overrides = n, database = %self.settings.database_redacted(), "quota overrides loaded")
