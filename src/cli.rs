@@ -1,5 +1,5 @@
-//! Command line: run the gateway, check a config, probe a gateway's health, or run the demo
-//! upstream.
+//! Command line: run the gateway, check a config, probe a gateway's health, manage tenant
+//! quotas through a gateway's admin API, or run the demo upstream.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -45,6 +45,12 @@ pub enum Command {
         #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
         timeout: Duration,
     },
+    /// Tenant quota overrides and usage, through a gateway's admin API (/admin/v1).
+    ///
+    /// KEY is the raw API key or its fingerprint `fp:xxxxxxxx` (as `list` shows it). The admin
+    /// token is read from the environment variable the config's `admin.token_env` names (or
+    /// --token-env).
+    Quotas(Box<QuotasArgs>),
     /// Run the bundled demo upstream, which echoes requests as JSON.
     DemoUpstream {
         /// Address to listen on.
@@ -77,6 +83,82 @@ pub struct RunArgs {
     /// `server.upgrade_sock`); then send that gateway SIGQUIT within 5 seconds.
     #[arg(long)]
     pub upgrade: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct QuotasArgs {
+    /// The admin listener's base URL. Default: http:// and the config's server.admin_listen
+    /// (0.0.0.0 is asked on 127.0.0.1), or http://127.0.0.1:9901 with no config file.
+    #[arg(long, global = true)]
+    pub admin_url: Option<String>,
+    /// The config file that names the admin listener and `admin.token_env` (default:
+    /// ./gateway.yaml when it exists).
+    #[arg(long, short = 'c', env = "TOLLGATE_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+    /// The environment variable holding the admin token (default: the config's
+    /// `admin.token_env`).
+    #[arg(long, global = true)]
+    pub token_env: Option<String>,
+    /// Print the API's JSON answer instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub action: QuotaAction,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum QuotaAction {
+    /// Every override, a page at a time.
+    List {
+        /// Overrides per page (at most 1000).
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Where the previous page ended (its `next_cursor`).
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// One key's override.
+    Get { key: String },
+    /// Create or change a key's override; what is not given keeps its stored value.
+    Set {
+        key: String,
+        /// The tier the key is in (a name under `tiers:`).
+        #[arg(long)]
+        tier: Option<String>,
+        /// A label for people (a customer, an environment).
+        #[arg(long)]
+        label: Option<String>,
+        /// `active`, or `disabled` to revoke the key (401 on every gateway).
+        #[arg(long)]
+        status: Option<String>,
+        /// New parameters of one limit for this key: NAME=LIMIT[/WINDOW][,burst=N], for
+        /// example `api=5000/1m,burst=100`. Repeat for several limits; the set given
+        /// replaces the key's stored limit overrides.
+        #[arg(long = "limit", value_name = "NAME=LIMIT[/WINDOW][,burst=N]")]
+        limits: Vec<String>,
+        /// From when the override applies (RFC 3339, e.g. 2026-12-01T00:00:00Z).
+        #[arg(long)]
+        effective_at: Option<String>,
+        /// From when it no longer applies (RFC 3339).
+        #[arg(long)]
+        expires_at: Option<String>,
+        /// Clear a field (tier, label, limits, effective_at, expires_at); repeatable.
+        #[arg(long, value_name = "FIELD")]
+        clear: Vec<String>,
+    },
+    /// Remove a key's override: the key is back to what the config file says.
+    Delete { key: String },
+    /// What a key has used and has left of every limit it is subject to (changes nothing).
+    Usage { key: String },
+    /// Reset a key's counters of every limit it is subject to.
+    Reset { key: String },
+    /// The audit trail of changes, newest first.
+    Audit {
+        #[arg(long)]
+        limit: Option<u32>,
+        #[arg(long)]
+        cursor: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

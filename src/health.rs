@@ -25,15 +25,20 @@ pub enum HealthError {
     Response(String),
 }
 
-/// The `/healthz` URL of an admin listener bound to `admin`. A wildcard address (`0.0.0.0`,
-/// `[::]`) is asked on the loopback address of its family.
-pub fn healthz_url(admin: SocketAddr) -> String {
+/// The base URL (`http://ip:port`) of an admin listener bound to `admin`. A wildcard address
+/// (`0.0.0.0`, `[::]`) is asked on the loopback address of its family.
+pub fn admin_url(admin: SocketAddr) -> String {
     let ip = match admin.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
         IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
         ip => ip,
     };
-    format!("http://{}/healthz", SocketAddr::new(ip, admin.port()))
+    format!("http://{}", SocketAddr::new(ip, admin.port()))
+}
+
+/// The `/healthz` URL of an admin listener bound to `admin`.
+pub fn healthz_url(admin: SocketAddr) -> String {
+    format!("{}/healthz", admin_url(admin))
 }
 
 /// `GET url` and return the response's status code, within `timeout` in all.

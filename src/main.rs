@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use tollgate::cli::{Cli, Command, LogFormat, RunArgs};
+use tollgate::cli::{Cli, Command, LogFormat, QuotasArgs, RunArgs};
 use tollgate::config::reload::ConfigHandle;
 use tollgate::config::{self, defaults, from_yaml, Overrides};
+use tollgate::quota::client;
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -80,8 +81,8 @@ fn health(url: Option<String>, config: Option<PathBuf>, timeout: Duration) -> Ex
     let config = config.or_else(|| Some(PathBuf::from("gateway.yaml")).filter(|p| p.exists()));
     let url = match (url, config) {
         (Some(url), _) => url,
-        (None, Some(path)) => match config::admin_listen_of(&path) {
-            Ok(admin) => tollgate::health::healthz_url(admin),
+        (None, Some(path)) => match config::admin_endpoint_of(&path) {
+            Ok(admin) => tollgate::health::healthz_url(admin.listen),
             Err(e) => {
                 eprintln!("unhealthy: cannot tell the admin listener from the config:\n{e}");
                 return ExitCode::FAILURE;
@@ -107,6 +108,66 @@ fn health(url: Option<String>, config: Option<PathBuf>, timeout: Duration) -> Ex
     }
 }
 
+/// `tollgate quotas …`: one call of a gateway's admin API, printed as a table or as JSON. Exit
+/// 0 on success, 1 when the API refuses or cannot be reached, 2 on a usage error.
+fn quotas(args: QuotasArgs) -> ExitCode {
+    let fail = |code: u8, msg: String| {
+        eprintln!("tollgate quotas: {msg}");
+        ExitCode::from(code)
+    };
+    let call = match client::call_of(&args.action) {
+        Ok(c) => c,
+        Err(e) => return fail(2, e),
+    };
+    let config = args
+        .config
+        .or_else(|| Some(PathBuf::from("gateway.yaml")).filter(|p| p.exists()));
+    let endpoint = match config.as_deref().map(config::admin_endpoint_of).transpose() {
+        Ok(e) => e,
+        Err(e) => {
+            return fail(
+                2,
+                format!("cannot tell the admin listener from the config:\n{e}"),
+            )
+        }
+    };
+    let admin_url = args.admin_url.unwrap_or_else(|| {
+        let listen = endpoint.as_ref().map_or_else(
+            || defaults::ADMIN_LISTEN.parse().expect("default"),
+            |e| e.listen,
+        );
+        tollgate::health::admin_url(listen)
+    });
+    let token = match args
+        .token_env
+        .or_else(|| endpoint.and_then(|e| e.token_env))
+    {
+        None => None,
+        Some(var) => match std::env::var(&var) {
+            Ok(t) if !t.is_empty() => Some(t),
+            _ => return fail(2, format!("the admin token's variable {var} is not set")),
+        },
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(1, format!("cannot start a runtime: {e}")),
+    };
+    match rt.block_on(client::run(&admin_url, token.as_deref(), call)) {
+        Ok(v) if args.json => {
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Ok(v) => {
+            print!("{}", client::table(&v));
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(1, e.to_string()),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -126,6 +187,7 @@ fn main() -> ExitCode {
             config,
             timeout,
         }) => health(url, config, timeout),
+        Some(Command::Quotas(args)) => quotas(*args),
         Some(Command::DemoUpstream { listen }) => {
             init_logging(LogFormat::Text);
             match tollgate::server::run_demo_upstream(listen) {

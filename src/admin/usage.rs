@@ -53,10 +53,11 @@ fn counters(
     for (id, route) in candidates {
         let l = cfg.limit(id);
         let Spec::Rate(spec) = &l.spec else { continue };
-        if l.anonymous_only || !l.key.contains(&KeyPart::ApiKey) {
-            continue;
+        if l.anonymous_only {
+            continue; // never applies to a caller with a key
         }
         let per_route = l.key.contains(&KeyPart::Route);
+        // Keyed by the IP, user, method or a header too: the key alone does not name it.
         if let Some(part) = l
             .key
             .iter()
@@ -67,6 +68,9 @@ fn counters(
                 not_enumerable.push(json!({ "name": name, "key": key_part_name(part) }));
             }
             continue;
+        }
+        if !l.key.contains(&KeyPart::ApiKey) {
+            continue; // shared by every caller (global, per route or per tier), not the key's
         }
         // A limit on several routes without a route part is one counter.
         let route = if per_route { route } else { None };

@@ -74,9 +74,18 @@ fn process_env(name: &str) -> Option<String> {
     std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
 
-/// `server.admin_listen` of a config file (after `${VAR}` expansion; the default when it is
-/// not set), without validating the rest of the file: what `tollgate health` asks.
-pub fn admin_listen_of(path: &Path) -> Result<std::net::SocketAddr, ConfigErrors> {
+/// Where a gateway's admin listener is, as a client of it reads a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminEndpoint {
+    /// `server.admin_listen` (the default when it is not set).
+    pub listen: std::net::SocketAddr,
+    /// `admin.token_env`: the environment variable holding the admin bearer token.
+    pub token_env: Option<String>,
+}
+
+/// The admin endpoint of a config file (after `${VAR}` expansion), without validating the rest
+/// of the file: what `tollgate health` and `tollgate quotas` ask.
+pub fn admin_endpoint_of(path: &Path) -> Result<AdminEndpoint, ConfigErrors> {
     let label = path.display().to_string();
     let fail = |msg: String| ConfigErrors(vec![format!("{label}: {msg}")]);
     let text = std::fs::read_to_string(path).map_err(|e| fail(format!("cannot read: {e}")))?;
@@ -86,11 +95,13 @@ pub fn admin_listen_of(path: &Path) -> Result<std::net::SocketAddr, ConfigErrors
     let addr = doc["server"]["admin_listen"]
         .as_str()
         .unwrap_or(defaults::ADMIN_LISTEN);
-    addr.parse().map_err(|_| {
+    let listen = addr.parse().map_err(|_| {
         fail(format!(
             "server.admin_listen: {addr:?} is not an address (ip:port)"
         ))
-    })
+    })?;
+    let token_env = doc["admin"]["token_env"].as_str().map(str::to_string);
+    Ok(AdminEndpoint { listen, token_env })
 }
 
 /// What is read once, at start: listeners, threads, the store. A reload that changes any of it

@@ -7,7 +7,10 @@
 
 use std::fmt::Write as _;
 
-use serde_json::Value;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use serde_json::{json, Value};
+
+use crate::cli::QuotaAction;
 
 /// One call of the admin API.
 #[derive(Debug, Clone)]
@@ -27,18 +30,169 @@ pub enum ClientError {
     Status { status: u16, message: String },
 }
 
+/// What a key segment keeps unescaped: RFC 3986's unreserved characters, and `:` (so `fp:…`
+/// stays as it is).
+const KEY_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b':');
+
 /// `fp:…` stays as it is; a raw key is percent-encoded for the path.
 pub fn key_segment(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    for b in key.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b':') {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    utf8_percent_encode(key, KEY_SEGMENT).to_string()
 }
+
+/// `?limit=&cursor=` of a listing.
+fn page_query(limit: Option<u32>, cursor: Option<&str>) -> String {
+    let mut q = Vec::new();
+    if let Some(n) = limit {
+        q.push(format!("limit={n}"));
+    }
+    if let Some(c) = cursor {
+        q.push(format!("cursor={}", key_segment(c)));
+    }
+    if q.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", q.join("&"))
+    }
+}
+
+/// `NAME=LIMIT[/WINDOW][,burst=N]`: a limit's name and its new parameters.
+pub fn parse_limit(arg: &str) -> Result<(String, Value), String> {
+    let bad = |why: &str| {
+        format!("--limit {arg:?}: {why} (expected NAME=LIMIT[/WINDOW][,burst=N], e.g. api=5000/1m,burst=100)")
+    };
+    let (name, rest) = arg.split_once('=').ok_or_else(|| bad("no '='"))?;
+    if name.is_empty() {
+        return Err(bad("no limit name"));
+    }
+    let (rate, burst) = match rest.split_once(',') {
+        Some((rate, b)) => {
+            let n = b
+                .strip_prefix("burst=")
+                .ok_or_else(|| bad("after ',' only burst=N may follow"))?;
+            (
+                rate,
+                Some(
+                    n.parse::<u64>()
+                        .map_err(|_| bad("burst is not a whole number"))?,
+                ),
+            )
+        }
+        None => (rest, None),
+    };
+    let (limit, window) = match rate.split_once('/') {
+        Some((l, w)) => (l, Some(w)),
+        None => (rate, None),
+    };
+    let mut p = serde_json::Map::new();
+    if !limit.is_empty() {
+        let n = limit
+            .parse::<u64>()
+            .map_err(|_| bad("the limit is not a whole number"))?;
+        p.insert("limit".into(), json!(n));
+    }
+    if let Some(w) = window.filter(|w| !w.is_empty()) {
+        p.insert("window".into(), json!(w));
+    }
+    if let Some(b) = burst {
+        p.insert("burst".into(), json!(b));
+    }
+    if p.is_empty() {
+        return Err(bad("nothing to set"));
+    }
+    Ok((name.to_string(), Value::Object(p)))
+}
+
+/// The admin API call a `tollgate quotas` command makes.
+pub fn call_of(action: &QuotaAction) -> Result<Call, String> {
+    use reqwest::Method;
+    let call = |method: Method, path: String| Call {
+        method,
+        path,
+        body: None,
+    };
+    Ok(match action {
+        QuotaAction::List { limit, cursor } => call(
+            Method::GET,
+            format!("/admin/v1/quotas{}", page_query(*limit, cursor.as_deref())),
+        ),
+        QuotaAction::Audit { limit, cursor } => call(
+            Method::GET,
+            format!("/admin/v1/audit{}", page_query(*limit, cursor.as_deref())),
+        ),
+        QuotaAction::Get { key } => call(
+            Method::GET,
+            format!("/admin/v1/quotas/{}", key_segment(key)),
+        ),
+        QuotaAction::Delete { key } => call(
+            Method::DELETE,
+            format!("/admin/v1/quotas/{}", key_segment(key)),
+        ),
+        QuotaAction::Usage { key } => {
+            call(Method::GET, format!("/admin/v1/usage/{}", key_segment(key)))
+        }
+        QuotaAction::Reset { key } => call(
+            Method::POST,
+            format!("/admin/v1/usage/{}/reset", key_segment(key)),
+        ),
+        QuotaAction::Set {
+            key,
+            tier,
+            label,
+            status,
+            limits,
+            effective_at,
+            expires_at,
+            clear,
+        } => {
+            let mut body = serde_json::Map::new();
+            for field in clear {
+                if !CLEARABLE.contains(&field.as_str()) {
+                    return Err(format!(
+                        "--clear {field:?}: not a field that can be cleared (one of {})",
+                        CLEARABLE.join(", ")
+                    ));
+                }
+                body.insert(field.clone(), Value::Null);
+            }
+            let given = [
+                ("tier", tier),
+                ("label", label),
+                ("status", status),
+                ("effective_at", effective_at),
+                ("expires_at", expires_at),
+            ];
+            for (field, v) in given {
+                if let Some(v) = v {
+                    body.insert(field.into(), json!(v));
+                }
+            }
+            if !limits.is_empty() {
+                let mut m = serde_json::Map::new();
+                for l in limits {
+                    let (name, p) = parse_limit(l)?;
+                    m.insert(name, p);
+                }
+                body.insert("limits".into(), Value::Object(m));
+            }
+            if body.is_empty() {
+                return Err("set: give at least one of --tier, --label, --status, --limit, --effective-at, --expires-at, --clear".into());
+            }
+            Call {
+                method: Method::PUT,
+                path: format!("/admin/v1/quotas/{}", key_segment(key)),
+                body: Some(Value::Object(body)),
+            }
+        }
+    })
+}
+
+/// The fields `--clear` may name.
+const CLEARABLE: [&str; 5] = ["tier", "label", "limits", "effective_at", "expires_at"];
 
 /// Run `call` against `admin_url` with `token`; the JSON answer.
 pub async fn run(admin_url: &str, token: Option<&str>, call: Call) -> Result<Value, ClientError> {
@@ -90,6 +244,27 @@ pub fn table(v: &Value) -> String {
         if let Some(c) = v["next_cursor"].as_str() {
             let _ = writeln!(out, "(more: --cursor {c})");
         }
+    } else if let Some(entries) = v["entries"].as_array() {
+        let _ = writeln!(
+            out,
+            "{:<22} {:<12} {:<8} {:<24} CHANGE",
+            "AT", "KEY", "ACTION", "CLIENT"
+        );
+        for e in entries {
+            let _ = writeln!(
+                out,
+                "{:<22} {:<12} {:<8} {:<24} {} -> {}",
+                text(&e["at"]),
+                text(&e["key"]),
+                text(&e["action"]),
+                text(&e["client"]),
+                compact(&e["before"]),
+                compact(&e["after"])
+            );
+        }
+        if let Some(c) = v["next_cursor"].as_str() {
+            let _ = writeln!(out, "(more: --cursor {c})");
+        }
     } else if let Some(limits) = v["limits"].as_array() {
         let _ = writeln!(out, "{} (tier {})", text(&v["key"]), text(&v["tier"]));
         let _ = writeln!(
@@ -116,6 +291,15 @@ pub fn table(v: &Value) -> String {
                 text(&n["key"])
             );
         }
+    } else if v["deleted"] == true {
+        let _ = writeln!(out, "{}: override deleted", text(&v["key"]));
+    } else if v["reset"] == true {
+        let _ = writeln!(
+            out,
+            "{}: counters reset ({} removed)",
+            text(&v["key"]),
+            text(&v["counters_removed"])
+        );
     } else if v["key"].is_string() {
         let _ = writeln!(
             out,
@@ -151,6 +335,19 @@ fn row(out: &mut String, o: &Value) {
     );
 }
 
+/// An override in one line: what it sets, without the timestamps.
+fn compact(v: &Value) -> String {
+    let Some(o) = v.as_object() else {
+        return "-".into();
+    };
+    let parts: Vec<String> = ["tier", "status", "label", "limits"]
+        .iter()
+        .filter(|k| !o.get(**k).is_none_or(Value::is_null))
+        .map(|k| format!("{k}={}", o[*k]))
+        .collect();
+    parts.join(" ")
+}
+
 fn text(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
@@ -162,6 +359,64 @@ fn text(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_parse_in_every_form() {
+        assert_eq!(
+            parse_limit("api=5000/1m,burst=100").unwrap(),
+            (
+                "api".into(),
+                json!({"limit": 5000, "window": "1m", "burst": 100})
+            )
+        );
+        assert_eq!(parse_limit("api=10").unwrap().1, json!({"limit": 10}));
+        assert_eq!(parse_limit("api=/1h").unwrap().1, json!({"window": "1h"}));
+        for bad in [
+            "api",
+            "=5",
+            "api=",
+            "api=x/1m",
+            "api=5,b=1",
+            "api=5,burst=x",
+        ] {
+            assert!(
+                parse_limit(bad).unwrap_err().starts_with("--limit"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn set_builds_the_body_the_api_reads() {
+        let set = QuotaAction::Set {
+            key: "sk live".into(),
+            tier: Some("gold".into()),
+            label: None,
+            status: Some("disabled".into()),
+            limits: vec!["api=5/1s".into()],
+            effective_at: None,
+            expires_at: None,
+            clear: vec!["label".into()],
+        };
+        let call = call_of(&set).unwrap();
+        assert_eq!(call.method, reqwest::Method::PUT);
+        assert_eq!(call.path, "/admin/v1/quotas/sk%20live");
+        assert_eq!(
+            call.body.unwrap(),
+            json!({"tier": "gold", "status": "disabled", "label": null, "limits": {"api": {"limit": 5, "window": "1s"}}})
+        );
+        let empty = QuotaAction::Set {
+            key: "k".into(),
+            tier: None,
+            label: None,
+            status: None,
+            limits: vec![],
+            effective_at: None,
+            expires_at: None,
+            clear: vec![],
+        };
+        assert!(call_of(&empty).is_err());
+    }
 
     #[test]
     fn raw_keys_are_escaped_and_fingerprints_kept() {
