@@ -139,56 +139,63 @@ pub fn call_of(action: &QuotaAction) -> Result<Call, String> {
             Method::POST,
             format!("/admin/v1/usage/{}/reset", key_segment(key)),
         ),
-        QuotaAction::Set {
-            key,
-            tier,
-            label,
-            status,
-            limits,
-            effective_at,
-            expires_at,
-            clear,
-        } => {
-            let mut body = serde_json::Map::new();
-            for field in clear {
-                if !CLEARABLE.contains(&field.as_str()) {
-                    return Err(format!(
-                        "--clear {field:?}: not a field that can be cleared (one of {})",
-                        CLEARABLE.join(", ")
-                    ));
-                }
-                body.insert(field.clone(), Value::Null);
-            }
-            let given = [
-                ("tier", tier),
-                ("label", label),
-                ("status", status),
-                ("effective_at", effective_at),
-                ("expires_at", expires_at),
-            ];
-            for (field, v) in given {
-                if let Some(v) = v {
-                    body.insert(field.into(), json!(v));
-                }
-            }
-            if !limits.is_empty() {
-                let mut m = serde_json::Map::new();
-                for l in limits {
-                    let (name, p) = parse_limit(l)?;
-                    m.insert(name, p);
-                }
-                body.insert("limits".into(), Value::Object(m));
-            }
-            if body.is_empty() {
-                return Err("set: give at least one of --tier, --label, --status, --limit, --effective-at, --expires-at, --clear".into());
-            }
-            Call {
-                method: Method::PUT,
-                path: format!("/admin/v1/quotas/{}", key_segment(key)),
-                body: Some(Value::Object(body)),
-            }
-        }
+        QuotaAction::Set { key, .. } => Call {
+            method: Method::PUT,
+            path: format!("/admin/v1/quotas/{}", key_segment(key)),
+            body: Some(set_body(action)?),
+        },
     })
+}
+
+/// The body of `PUT /admin/v1/quotas/{key}` that `set`'s flags describe.
+fn set_body(action: &QuotaAction) -> Result<Value, String> {
+    let QuotaAction::Set {
+        tier,
+        label,
+        status,
+        limits,
+        effective_at,
+        expires_at,
+        clear,
+        ..
+    } = action
+    else {
+        return Err("not a set command".into());
+    };
+    let mut body = serde_json::Map::new();
+    for field in clear {
+        if !CLEARABLE.contains(&field.as_str()) {
+            return Err(format!(
+                "--clear {field:?}: not a field that can be cleared (one of {})",
+                CLEARABLE.join(", ")
+            ));
+        }
+        body.insert(field.clone(), Value::Null);
+    }
+    let given = [
+        ("tier", tier),
+        ("label", label),
+        ("status", status),
+        ("effective_at", effective_at),
+        ("expires_at", expires_at),
+    ];
+    for (field, v) in given {
+        if let Some(v) = v {
+            body.insert(field.into(), json!(v));
+        }
+    }
+    if !limits.is_empty() {
+        let mut m = serde_json::Map::new();
+        for l in limits {
+            let (name, p) = parse_limit(l)?;
+            m.insert(name, p);
+        }
+        body.insert("limits".into(), Value::Object(m));
+    }
+    if body.is_empty() {
+        return Err("set: give at least one of --tier, --label, --status, --limit, --effective-at, --expires-at, --clear".into());
+    }
+    Ok(Value::Object(body))
 }
 
 /// The fields `--clear` may name.
@@ -233,64 +240,16 @@ pub async fn run(admin_url: &str, token: Option<&str>, call: Call) -> Result<Val
 pub fn table(v: &Value) -> String {
     let mut out = String::new();
     if let Some(items) = v["overrides"].as_array() {
-        let _ = writeln!(
-            out,
-            "{:<12} {:<20} {:<10} {:<9} LIMITS",
-            "KEY", "LABEL", "TIER", "STATUS"
-        );
+        override_header(&mut out);
         for o in items {
             row(&mut out, o);
         }
-        if let Some(c) = v["next_cursor"].as_str() {
-            let _ = writeln!(out, "(more: --cursor {c})");
-        }
+        more(&mut out, v);
     } else if let Some(entries) = v["entries"].as_array() {
-        let _ = writeln!(
-            out,
-            "{:<22} {:<12} {:<8} {:<24} CHANGE",
-            "AT", "KEY", "ACTION", "CLIENT"
-        );
-        for e in entries {
-            let _ = writeln!(
-                out,
-                "{:<22} {:<12} {:<8} {:<24} {} -> {}",
-                text(&e["at"]),
-                text(&e["key"]),
-                text(&e["action"]),
-                text(&e["client"]),
-                compact(&e["before"]),
-                compact(&e["after"])
-            );
-        }
-        if let Some(c) = v["next_cursor"].as_str() {
-            let _ = writeln!(out, "(more: --cursor {c})");
-        }
+        audit_table(&mut out, entries);
+        more(&mut out, v);
     } else if let Some(limits) = v["limits"].as_array() {
-        let _ = writeln!(out, "{} (tier {})", text(&v["key"]), text(&v["tier"]));
-        let _ = writeln!(
-            out,
-            "{:<24} {:>10} {:>10} {:>10} {:>8}",
-            "LIMIT", "USED", "LIMIT", "REMAINING", "RESET"
-        );
-        for l in limits {
-            let _ = writeln!(
-                out,
-                "{:<24} {:>10} {:>10} {:>10} {:>7}s",
-                text(&l["name"]),
-                text(&l["used"]),
-                text(&l["limit"]),
-                text(&l["remaining"]),
-                text(&l["reset"])
-            );
-        }
-        for n in v["not_enumerable"].as_array().into_iter().flatten() {
-            let _ = writeln!(
-                out,
-                "{:<24} (counted by {}: not named by the key alone)",
-                text(&n["name"]),
-                text(&n["key"])
-            );
-        }
+        usage_table(&mut out, v, limits);
     } else if v["deleted"] == true {
         let _ = writeln!(out, "{}: override deleted", text(&v["key"]));
     } else if v["reset"] == true {
@@ -301,11 +260,7 @@ pub fn table(v: &Value) -> String {
             text(&v["counters_removed"])
         );
     } else if v["key"].is_string() {
-        let _ = writeln!(
-            out,
-            "{:<12} {:<20} {:<10} {:<9} LIMITS",
-            "KEY", "LABEL", "TIER", "STATUS"
-        );
+        override_header(&mut out);
         row(&mut out, v);
     } else {
         let _ = writeln!(
@@ -315,6 +270,69 @@ pub fn table(v: &Value) -> String {
         );
     }
     out
+}
+
+fn override_header(out: &mut String) {
+    let _ = writeln!(
+        out,
+        "{:<12} {:<20} {:<10} {:<9} LIMITS",
+        "KEY", "LABEL", "TIER", "STATUS"
+    );
+}
+
+/// Where the next page starts, when there is one.
+fn more(out: &mut String, v: &Value) {
+    if let Some(c) = v["next_cursor"].as_str() {
+        let _ = writeln!(out, "(more: --cursor {c})");
+    }
+}
+
+fn audit_table(out: &mut String, entries: &[Value]) {
+    let _ = writeln!(
+        out,
+        "{:<22} {:<12} {:<8} {:<24} CHANGE",
+        "AT", "KEY", "ACTION", "CLIENT"
+    );
+    for e in entries {
+        let _ = writeln!(
+            out,
+            "{:<22} {:<12} {:<8} {:<24} {} -> {}",
+            text(&e["at"]),
+            text(&e["key"]),
+            text(&e["action"]),
+            text(&e["client"]),
+            compact(&e["before"]),
+            compact(&e["after"])
+        );
+    }
+}
+
+fn usage_table(out: &mut String, v: &Value, limits: &[Value]) {
+    let _ = writeln!(out, "{} (tier {})", text(&v["key"]), text(&v["tier"]));
+    let _ = writeln!(
+        out,
+        "{:<24} {:>10} {:>10} {:>10} {:>8}",
+        "LIMIT", "USED", "LIMIT", "REMAINING", "RESET"
+    );
+    for l in limits {
+        let _ = writeln!(
+            out,
+            "{:<24} {:>10} {:>10} {:>10} {:>7}s",
+            text(&l["name"]),
+            text(&l["used"]),
+            text(&l["limit"]),
+            text(&l["remaining"]),
+            text(&l["reset"])
+        );
+    }
+    for n in v["not_enumerable"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "{:<24} (counted by {}: not named by the key alone)",
+            text(&n["name"]),
+            text(&n["key"])
+        );
+    }
 }
 
 fn row(out: &mut String, o: &Value) {
