@@ -15,6 +15,12 @@
 # When everything answers it writes DIR/fleet.env (addresses and pids, what the tests read) and
 # DIR/gateway-N.env (that gateway's environment), and prints the addresses.
 # Needs haproxy, redis-server and redis-cli (scripts/setup.sh installs them).
+#
+# Restart or upgrade gateway N by hand (README, Deploying; tests/fleet.rs does both under load):
+#   kill -TERM "$(cat DIR/gateway-N.pid)"      # drains, then exits; start it again with:
+#   env $(cat DIR/gateway-N.env) tollgate --config docker/gateway.yaml
+#   env $(cat DIR/gateway-N.env) tollgate --upgrade --config docker/gateway.yaml &
+#   kill -QUIT "$(cat DIR/gateway-N.pid)"      # within 5 s: hands the sockets over, drains, exits
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -23,7 +29,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --dir) dir=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "fleet: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -45,7 +51,8 @@ pids=()
 cleanup() {
   trap - EXIT INT TERM
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for _ in $(seq 50); do
+  # The gateways drain (drain_period, 5 s by default) and finish in flight (grace_period).
+  for _ in $(seq 300); do
     alive=""
     for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
     [ -z "$alive" ] && break
@@ -117,6 +124,7 @@ TOLLGATE_ADMIN_LISTEN=127.0.0.1:${admin[$n]}
 TOLLGATE_UPSTREAM=127.0.0.1:$upstream
 TOLLGATE_REDIS_URL=redis://127.0.0.1:$redis/0
 TOLLGATE_TRUSTED_PROXY=127.0.0.1/32
+TOLLGATE_UPGRADE_SOCK=$dir/gateway-$n.upgrade.sock
 EOF
   # shellcheck disable=SC2046 # one NAME=VALUE word per line of the file
   start "gateway-$n" env $(cat "$dir/gateway-$n.env") "$bin" --config "$repo/docker/gateway.yaml"

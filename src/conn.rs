@@ -176,6 +176,17 @@ impl Connections {
         evicted
     }
 
+    /// Connections accepted that have not sent a byte yet (the shutdown waits a little for
+    /// their requests). Scans every connection: for the shutdown, not per request.
+    pub fn fresh(&self) -> usize {
+        self.live
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .filter(|c| c.phase.load(Ordering::Acquire) == FRESH)
+            .count()
+    }
+
     /// Close every idle keep-alive connection now (the gateway is draining).
     pub fn close_idle(&self) -> usize {
         self.idle_connections().iter().filter(|c| c.kill()).count()
@@ -298,7 +309,15 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Guard<A> {
             return self.inner.process_new(stream, shutdown).await;
         }
         let state = self.table.admit()?;
-        let tracked: Stream = Box::new(Tracked::new(stream, state.clone()));
+        let mut tracked = Tracked::new(stream, state.clone());
+        // Pingora drops every connection parked waiting for a head when the listener shuts
+        // down (a keep-alive connection, it assumes), which would lose the request of a client
+        // whose connection was accepted just before: wait for its first byte here instead.
+        if !tracked.first_byte().await {
+            self.table.close(&state);
+            return None;
+        }
+        let tracked: Stream = Box::new(tracked);
         let again = self.inner.process_new(tracked, shutdown).await;
         if again.is_none() {
             self.table.close(&state);
@@ -327,6 +346,27 @@ impl Tracked {
             state,
             sleep: None,
             armed_for: 0,
+        }
+    }
+
+    /// Wait, at most until the head's deadline, for the first byte of the first request
+    /// (peeked: Pingora reads it again); then the connection has a head arriving, a request in
+    /// flight. `false` when the client closed or sent nothing in time.
+    async fn first_byte(&mut self) -> bool {
+        let deadline_ms = self.state.deadline_ms.load(Ordering::Acquire);
+        let at = self.state.table.origin + Duration::from_millis(deadline_ms.saturating_sub(1));
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout_at(at, self.inner.try_peek(&mut byte)).await {
+            Ok(Ok(true)) => {
+                self.state.head_started();
+                true
+            }
+            Ok(_) => false,
+            Err(_) => {
+                let stats = &self.state.table.stats;
+                stats.head_timeouts.fetch_add(1, Ordering::Relaxed);
+                false
+            }
         }
     }
 

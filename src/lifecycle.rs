@@ -6,8 +6,9 @@
 //! 2. for `server.drain_period` the proxy keeps accepting and serving, with
 //!    `Connection: close` on every response, so a balancer that has not yet seen the 503 loses
 //!    nothing;
-//! 3. then it stops accepting, lets the requests in flight (heads still arriving included)
-//!    finish within `server.grace_period`, and exits as soon as none is left.
+//! 3. then it stops accepting, lets the requests in flight (heads still arriving included,
+//!    and for up to a second the first bytes of connections accepted just before) finish
+//!    within `server.grace_period`, and exits as soon as none is left.
 //!
 //! A second SIGINT exits at once. SIGQUIT hands the listening sockets to a new process
 //! started with `--upgrade` (Pingora's graceful upgrade), then drains the same way but stays
@@ -26,6 +27,10 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::broadcast;
 
 use crate::conn::Connections;
+
+/// How long the shutdown waits for connections accepted just before the listener stopped to
+/// send the first byte of their request (their clients are sending it).
+const FIRST_BYTE_WAIT: Duration = Duration::from_secs(1);
 
 /// A function run just before the process exits (flushing logs).
 pub type AtExit = Box<dyn FnOnce() + Send>;
@@ -128,11 +133,17 @@ impl Lifecycle {
                 Err(broadcast::error::RecvError::Closed) => return,
             }
         }
-        let deadline = stopped_at.unwrap_or_else(Instant::now) + self.grace_period;
+        let stopped_at = stopped_at.unwrap_or_else(Instant::now);
+        let deadline = stopped_at + self.grace_period;
         let mut interrupt = signal(SignalKind::interrupt()).ok();
         loop {
             let left = self.conns.in_flight();
-            if left == 0 || Instant::now() >= deadline {
+            let arriving = if stopped_at.elapsed() < FIRST_BYTE_WAIT.min(self.grace_period) {
+                self.conns.fresh()
+            } else {
+                0
+            };
+            if (left == 0 && arriving == 0) || Instant::now() >= deadline {
                 if left > 0 {
                     tracing::warn!(
                         in_flight = left,

@@ -4,12 +4,17 @@
 //! and the balancer), `docker/haproxy.cfg` (`haproxy -c` with the compose and the loopback
 //! environments), and the Kubernetes manifests (they parse, refer to each other, and their
 //! probes and ports are the admin listener's real paths and the config's ports, asked of a
-//! real gateway started on the ConfigMap with the Deployment's environment).
+//! real gateway started on the ConfigMap with the Deployment's environment). Draining and
+//! upgrades: every shipped `drain_period` outlasts the balancer's or the readiness probe's
+//! detection, the stop timeouts cover drain + grace, and the upgrade socket is in a directory
+//! the image's user may write on a read-only root filesystem.
 
 mod common;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use common::fleet::repo;
 use common::gateway::Gateway;
@@ -18,6 +23,7 @@ use common::http::{client, get};
 use common::upstream::Upstream;
 use serde_yaml::Value;
 use tollgate::config::{expand_env, from_yaml, Config, Overrides};
+use tollgate::server::upgrade_sock;
 
 fn read(rel: &str) -> String {
     std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
@@ -237,9 +243,12 @@ fn compose_gateways_balancer_and_config_agree() {
         assert_eq!(check_port, &server.admin_listen.port().to_string());
         let stop = humantime::parse_duration(str_of(&gw["stop_grace_period"], "stop_grace_period"))
             .expect("a duration");
+        let graceful_stop = server.drain_period + server.grace_period;
         assert!(
-            stop > server.grace_period,
-            "{stop:?} must exceed {:?}",
+            stop > graceful_stop,
+            "{name}: stop_grace_period {stop:?} must exceed drain_period + grace_period \
+             ({:?} + {:?})",
+            server.drain_period,
             server.grace_period
         );
     }
@@ -456,6 +465,10 @@ fn the_configmap_is_docker_gateway_yaml() {
     );
 }
 
+/// What the kubelet's `terminationGracePeriodSeconds` must leave beyond drain_period +
+/// grace_period: the process's own exit, and a grace period rounded up by Pingora.
+const TERMINATION_MARGIN: Duration = Duration::from_secs(5);
+
 #[test]
 fn termination_grace_covers_the_graceful_stop() {
     let m = manifests();
@@ -463,11 +476,173 @@ fn termination_grace_covers_the_graceful_stop() {
     let cfg = fleet_config(&deployment_env(deployment));
     let termination = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         .as_u64()
+        .map(Duration::from_secs)
         .expect("terminationGracePeriodSeconds");
-    let grace = cfg.startup.server.grace_period;
+    let server = &cfg.startup.server;
     assert!(
-        termination > grace.as_secs(),
-        "terminationGracePeriodSeconds {termination} must exceed grace_period {grace:?}"
+        termination >= server.drain_period + server.grace_period + TERMINATION_MARGIN,
+        "terminationGracePeriodSeconds {termination:?} must cover drain_period {:?} + \
+         grace_period {:?} + {TERMINATION_MARGIN:?}",
+        server.drain_period,
+        server.grace_period
+    );
+}
+
+// ---- draining and upgrades ----
+
+/// The value of `name` (a duration such as `1s` or `500ms`) in `docker/haproxy.cfg`: the word
+/// after `name` on the first line that is not a comment and has `name` as one of its words.
+fn haproxy_duration(name: &str) -> Duration {
+    let cfg = read("docker/haproxy.cfg");
+    let value = cfg
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .find_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let at = words
+                .windows(name.split(' ').count())
+                .position(|w| w.join(" ") == name)?;
+            words.get(at + name.split(' ').count()).copied()
+        })
+        .unwrap_or_else(|| panic!("no `{name}` in docker/haproxy.cfg"));
+    humantime::parse_duration(value)
+        .or_else(|_| humantime::parse_duration(&format!("{value}ms")))
+        .unwrap_or_else(|e| panic!("docker/haproxy.cfg: {name} {value}: {e}"))
+}
+
+/// How long HAProxy may take to drop a gateway whose `/readyz` turned 503: `fall` failed
+/// checks `inter` apart, the first one up to `inter` after the change, each up to
+/// `timeout check` long.
+fn haproxy_drops_within() -> Duration {
+    let cfg = read("docker/haproxy.cfg");
+    let fall: u32 = cfg
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<&str>>())
+        .filter(|w| w.first() == Some(&"default-server"))
+        .find_map(|w| Some(w[w.iter().position(|x| *x == "fall")? + 1]))
+        .expect("default-server ... fall N in docker/haproxy.cfg")
+        .parse()
+        .expect("fall is a number");
+    let inter = haproxy_duration("inter");
+    inter * fall + haproxy_duration("timeout check")
+}
+
+/// How long the Deployment's readiness probe may take to fail: `failureThreshold` probes
+/// `periodSeconds` apart, each up to `timeoutSeconds`.
+fn readiness_fails_within(deployment: &Value) -> Duration {
+    let probe = &container(deployment)["readinessProbe"];
+    let secs = |k: &str| {
+        probe[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("readinessProbe.{k} is not a number: {probe:?}"))
+    };
+    Duration::from_secs(secs("periodSeconds") * secs("failureThreshold") + secs("timeoutSeconds"))
+}
+
+#[test]
+fn drain_period_outlasts_the_balancers_and_the_probes_detection() {
+    let lb = haproxy_drops_within();
+    assert!(
+        lb >= Duration::from_secs(2),
+        "parsed {lb:?} from docker/haproxy.cfg"
+    );
+    // The image as it is (no environment), behind any HAProxy configured as ours.
+    let image = fleet_config(&BTreeMap::new()).startup.server.drain_period;
+    assert!(
+        image > lb,
+        "the image's drain_period {image:?} must outlast HAProxy's inter x fall + timeout check ({lb:?})"
+    );
+    // Compose, behind docker/haproxy.cfg.
+    let compose = yaml("docker/compose.yaml");
+    for name in ["gateway-1", "gateway-2"] {
+        let drain = fleet_config(&compose_env(&compose["services"][name]))
+            .startup
+            .server
+            .drain_period;
+        assert!(
+            drain > lb,
+            "compose {name}: drain_period {drain:?} must outlast HAProxy's {lb:?}"
+        );
+    }
+    // Kubernetes, behind the readiness probe.
+    let m = manifests();
+    let deployment = of_kind(&m, "Deployment");
+    let probe = readiness_fails_within(deployment);
+    let drain = fleet_config(&deployment_env(deployment))
+        .startup
+        .server
+        .drain_period;
+    assert!(
+        drain > probe,
+        "k8s: drain_period {drain:?} must outlast the readiness probe's period x failureThreshold \
+         + timeout ({probe:?})"
+    );
+}
+
+#[test]
+fn the_upgrade_socket_is_where_the_gateway_may_write() {
+    // The image: its default upgrade_sock is in a directory the image's user owns.
+    let image = upgrade_sock(&fleet_config(&BTreeMap::new()).startup.server);
+    let dir = image
+        .parent()
+        .expect("a directory")
+        .to_str()
+        .expect("utf-8");
+    let dockerfile = read("docker/Dockerfile");
+    let uid = instructions(&dockerfile, "USER")[0]
+        .split(':')
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(
+        dockerfile.contains(&format!("useradd --system --uid {uid} --gid tollgate")),
+        "the image's user tollgate is USER {uid}"
+    );
+    assert!(
+        dockerfile.lines().any(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.windows(2).any(|p| p == ["install", "-d"])
+                && w.windows(2).any(|p| p == ["-o", "tollgate"])
+                && w.last() == Some(&dir)
+        }),
+        "docker/Dockerfile must create {dir} (the upgrade socket's directory) owned by tollgate"
+    );
+    // Compose: the gateways' root filesystem is read-only, the directory a tmpfs.
+    let compose = yaml("docker/compose.yaml");
+    for name in ["gateway-1", "gateway-2"] {
+        let gw = &compose["services"][name];
+        let sock = upgrade_sock(&fleet_config(&compose_env(gw)).startup.server);
+        let tmpfs: Vec<&str> = gw["tmpfs"]
+            .as_sequence()
+            .map(|t| t.iter().map(|v| str_of(v, "tmpfs")).collect())
+            .unwrap_or_default();
+        assert!(
+            tmpfs.iter().any(|t| Some(Path::new(t)) == sock.parent()),
+            "compose {name}: {sock:?} must be in a tmpfs ({tmpfs:?})"
+        );
+    }
+    // Kubernetes: read-only root filesystem, the directory an emptyDir.
+    let m = manifests();
+    let deployment = of_kind(&m, "Deployment");
+    let sock = upgrade_sock(&fleet_config(&deployment_env(deployment)).startup.server);
+    let pod = &deployment["spec"]["template"]["spec"];
+    let empty_dirs: Vec<&Value> = pod["volumes"]
+        .as_sequence()
+        .expect("volumes")
+        .iter()
+        .filter(|v| v.get("emptyDir").is_some())
+        .map(|v| &v["name"])
+        .collect();
+    let writable: Vec<&str> = container(deployment)["volumeMounts"]
+        .as_sequence()
+        .expect("volumeMounts")
+        .iter()
+        .filter(|mnt| empty_dirs.contains(&&mnt["name"]) && mnt["readOnly"] != true)
+        .map(|mnt| str_of(&mnt["mountPath"], "mountPath"))
+        .collect();
+    assert!(
+        writable.iter().any(|p| Some(Path::new(p)) == sock.parent()),
+        "k8s: {sock:?} must be in an emptyDir mount ({writable:?})"
     );
 }
 

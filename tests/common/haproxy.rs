@@ -1,5 +1,6 @@
 //! HAProxy, the fleet's load balancer (`docker/haproxy.cfg`): checking its config with
-//! `haproxy -c`, and reading which servers it holds up or down from its stats page.
+//! `haproxy -c`, and reading which servers it holds up or down (and what it counted of each)
+//! from its stats page.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,6 +29,20 @@ pub async fn server_status(
     stats: SocketAddr,
     backend: &str,
 ) -> BTreeMap<String, String> {
+    server_stats(client, stats, backend)
+        .await
+        .into_iter()
+        .map(|(server, mut fields)| (server, fields.remove("status").unwrap_or_default()))
+        .collect()
+}
+
+/// Every column of the stats page (`status`, `chkdown`: UP to DOWN transitions, `wretr`:
+/// retries, `wredis`: redispatches, `hrsp_5xx`, ...) for each server of `backend`.
+pub async fn server_stats(
+    client: &reqwest::Client,
+    stats: SocketAddr,
+    backend: &str,
+) -> BTreeMap<String, BTreeMap<String, String>> {
     let url = format!("http://{stats}/stats;csv");
     let csv = client
         .get(&url)
@@ -37,10 +52,10 @@ pub async fn server_status(
         .text()
         .await
         .unwrap_or_else(|e| panic!("GET {url}: {e}"));
-    parse_status(&csv, backend)
+    parse_stats(&csv, backend)
 }
 
-fn parse_status(csv: &str, backend: &str) -> BTreeMap<String, String> {
+fn parse_stats(csv: &str, backend: &str) -> BTreeMap<String, BTreeMap<String, String>> {
     let mut lines = csv.lines();
     let header: Vec<&str> = lines
         .next()
@@ -54,11 +69,18 @@ fn parse_status(csv: &str, backend: &str) -> BTreeMap<String, String> {
             .position(|c| *c == name)
             .unwrap_or_else(|| panic!("no {name} column in {header:?}"))
     };
-    let (px, sv, status) = (col("pxname"), col("svname"), col("status"));
+    let (px, sv) = (col("pxname"), col("svname"));
     lines
         .map(|l| l.split(',').collect::<Vec<_>>())
-        .filter(|f| f.len() > status && f[px] == backend)
+        .filter(|f| f.len() > sv && f[px] == backend)
         .filter(|f| f[sv] != "BACKEND" && f[sv] != "FRONTEND")
-        .map(|f| (f[sv].to_string(), f[status].to_string()))
+        .map(|f| {
+            let fields = header
+                .iter()
+                .zip(&f)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            (f[sv].to_string(), fields)
+        })
         .collect()
 }
