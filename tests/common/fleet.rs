@@ -119,7 +119,14 @@ pub struct Fleet {
     script: Proc,
     dir: TempDir,
     client: reqwest::Client,
+    /// This test's turn: fleets run one at a time (each is seven processes and a load; several
+    /// at once on a small machine starve HAProxy's health checks). Last, so it is released
+    /// after the processes are gone.
+    turn: Option<tokio::sync::MutexGuard<'static, ()>>,
 }
+
+/// Held by the one fleet running in this test binary.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 impl Fleet {
     /// Start the fleet with `env` added to the script's environment (it reaches both
@@ -135,7 +142,8 @@ impl Fleet {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let all = &all;
-        on_free_ports("fleet", || async move {
+        let turn = ONE_AT_A_TIME.lock().await;
+        let mut fleet = on_free_ports("fleet", || async move {
             let dir = tempfile::tempdir().expect("temp dir");
             let mut cmd = Command::new("bash");
             cmd.arg(repo().join("docker/fleet.sh"))
@@ -164,7 +172,9 @@ impl Fleet {
                 .await;
             up.map(|()| Fleet::from_env_file(script, dir, all.clone()))
         })
-        .await
+        .await;
+        fleet.turn = Some(turn);
+        fleet
     }
 
     fn from_env_file(script: Proc, dir: TempDir, env: Vec<(String, String)>) -> Fleet {
@@ -211,6 +221,7 @@ impl Fleet {
                 .timeout(Duration::from_secs(2))
                 .build()
                 .expect("client"),
+            turn: None,
         }
     }
 
