@@ -71,24 +71,7 @@ impl Db {
     /// Everything the database holds, as text.
     fn dump(&self) -> String {
         match self {
-            Db::Pg(pg) => {
-                let out = Command::new("psql")
-                    .args([
-                        pg.url().as_str(),
-                        "-c",
-                        "SELECT * FROM tollgate_quota_overrides",
-                        "-c",
-                        "SELECT * FROM tollgate_quota_audit",
-                    ])
-                    .output()
-                    .expect("psql (apt-get install -y postgresql-client)");
-                assert!(
-                    out.status.success(),
-                    "{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                String::from_utf8_lossy(&out.stdout).into_owned()
-            }
+            Db::Pg(pg) => pg.dump(),
             Db::Sqlite(dir) => {
                 let mut all = Vec::new();
                 for entry in std::fs::read_dir(dir.path()).expect("read the SQLite dir") {

@@ -125,6 +125,17 @@ pub struct Fleet {
     turn: Option<tokio::sync::MutexGuard<'static, ()>>,
 }
 
+/// No colour, no `RUST_LOG`, and no `TOLLGATE_*` or `FLEET_*` variable of the test's own
+/// environment: what reaches a fleet process is what the test gives it.
+fn clean_env(cmd: &mut Command) {
+    cmd.env("NO_COLOR", "1").env_remove("RUST_LOG");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("TOLLGATE_") || k.starts_with("FLEET_") {
+            cmd.env_remove(k);
+        }
+    }
+}
+
 /// Held by the one fleet running in this test binary.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -150,14 +161,8 @@ impl Fleet {
                 .arg("--dir")
                 .arg(dir.path())
                 .args(["--bin", BIN])
-                .current_dir(repo())
-                .env("NO_COLOR", "1")
-                .env_remove("RUST_LOG");
-            for (k, _) in std::env::vars() {
-                if k.starts_with("TOLLGATE_") || k.starts_with("FLEET_") {
-                    cmd.env_remove(k);
-                }
-            }
+                .current_dir(repo());
+            clean_env(&mut cmd);
             cmd.envs(all.iter().map(|(k, v)| (k, v)));
             let mut script = Proc::spawn("fleet.sh", cmd, INSTALL);
             let env_file = dir.path().join("fleet.env");
@@ -287,14 +292,8 @@ impl Fleet {
         cmd.arg("--config")
             .arg(repo().join("docker/gateway.yaml"))
             .args(upgrade.then_some("--upgrade"))
-            .current_dir(repo())
-            .env("NO_COLOR", "1")
-            .env_remove("RUST_LOG");
-        for (k, _) in std::env::vars() {
-            if k.starts_with("TOLLGATE_") || k.starts_with("FLEET_") {
-                cmd.env_remove(k);
-            }
-        }
+            .current_dir(repo());
+        clean_env(&mut cmd);
         cmd.envs(self.gateway_env(i));
         let proc = Proc::spawn(&name, cmd, "build it with `cargo build`");
         let old = std::mem::replace(&mut self.gateways[i].pid, proc.pid());

@@ -154,4 +154,24 @@ impl Postgres {
         // A killed postgres leaves its pid file; the new one finds it stale and starts.
         self.spawn();
     }
+
+    /// Every row of the quota store's tables, as `psql` prints them.
+    pub fn dump(&self) -> String {
+        let out = Command::new("psql")
+            .args([
+                self.url().as_str(),
+                "-c",
+                "SELECT * FROM tollgate_quota_overrides",
+                "-c",
+                "SELECT * FROM tollgate_quota_audit",
+            ])
+            .output()
+            .expect("psql (apt-get install -y postgresql-client)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
 }
