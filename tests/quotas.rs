@@ -116,6 +116,21 @@ fn redis_store(redis: &RedisServer) -> String {
     )
 }
 
+/// The test `body` on PostgreSQL (`$pg`) and on SQLite (`$sqlite`).
+macro_rules! on_both_stores {
+    ($pg:ident, $sqlite:ident, $body:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $pg() {
+            $body(Kind::Postgres).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $sqlite() {
+            $body(Kind::Sqlite).await;
+        }
+    };
+}
+
 const MEMORY: &str = "store: { backend: memory }";
 
 async fn start(name: &str, yaml: &str) -> Gateway {
@@ -277,15 +292,11 @@ async fn tier_change_and_limit_override_reach_both_gateways(kind: Kind) {
     assert_no_raw_key(&[a, b], &db, &both);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_tier_change_and_a_limit_override_reach_both_gateways_within_2s() {
-    tier_change_and_limit_override_reach_both_gateways(Kind::Postgres).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_a_tier_change_and_a_limit_override_reach_both_gateways_within_2s() {
-    tier_change_and_limit_override_reach_both_gateways(Kind::Sqlite).await;
-}
+on_both_stores!(
+    postgres_a_tier_change_and_a_limit_override_reach_both_gateways_within_2s,
+    sqlite_a_tier_change_and_a_limit_override_reach_both_gateways_within_2s,
+    tier_change_and_limit_override_reach_both_gateways
+);
 
 // ---------------------------------------------------------------------------------------------
 
@@ -343,15 +354,11 @@ async fn overrides_apply_only_between_effective_at_and_expires_at(kind: Kind) {
     assert_eq!(in_force(get_doc(current).await), true);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_an_override_applies_only_between_effective_at_and_expires_at() {
-    overrides_apply_only_between_effective_at_and_expires_at(Kind::Postgres).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_an_override_applies_only_between_effective_at_and_expires_at() {
-    overrides_apply_only_between_effective_at_and_expires_at(Kind::Sqlite).await;
-}
+on_both_stores!(
+    postgres_an_override_applies_only_between_effective_at_and_expires_at,
+    sqlite_an_override_applies_only_between_effective_at_and_expires_at,
+    overrides_apply_only_between_effective_at_and_expires_at
+);
 
 // ---------------------------------------------------------------------------------------------
 
@@ -420,15 +427,11 @@ async fn disabled_keys_and_unknown_keys_get_401(kind: Kind) {
     assert_no_raw_key(&[tenant, listed, stranger], &db, &both);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_disabled_key_gets_401_on_every_gateway_and_so_does_an_unknown_one() {
-    disabled_keys_and_unknown_keys_get_401(Kind::Postgres).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_a_disabled_key_gets_401_on_every_gateway_and_so_does_an_unknown_one() {
-    disabled_keys_and_unknown_keys_get_401(Kind::Sqlite).await;
-}
+on_both_stores!(
+    postgres_a_disabled_key_gets_401_on_every_gateway_and_so_does_an_unknown_one,
+    sqlite_a_disabled_key_gets_401_on_every_gateway_and_so_does_an_unknown_one,
+    disabled_keys_and_unknown_keys_get_401
+);
 
 // ---------------------------------------------------------------------------------------------
 
@@ -489,15 +492,11 @@ async fn usage_is_exact_and_read_only_and_reset_clears_one_key(kind: Kind) {
     assert_eq!(audit["entries"][0]["action"], "reset", "{audit}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_usage_is_exact_and_read_only_and_reset_clears_only_that_key() {
-    usage_is_exact_and_read_only_and_reset_clears_one_key(Kind::Postgres).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_usage_is_exact_and_read_only_and_reset_clears_only_that_key() {
-    usage_is_exact_and_read_only_and_reset_clears_one_key(Kind::Sqlite).await;
-}
+on_both_stores!(
+    postgres_usage_is_exact_and_read_only_and_reset_clears_only_that_key,
+    sqlite_usage_is_exact_and_read_only_and_reset_clears_only_that_key,
+    usage_is_exact_and_read_only_and_reset_clears_one_key
+);
 
 // ---------------------------------------------------------------------------------------------
 
@@ -658,15 +657,11 @@ async fn every_bad_body_gets_a_400_naming_its_field(kind: Kind) {
     assert_eq!(list["overrides"], json!([]), "{list}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_every_bad_body_gets_a_400_naming_its_field() {
-    every_bad_body_gets_a_400_naming_its_field(Kind::Postgres).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_every_bad_body_gets_a_400_naming_its_field() {
-    every_bad_body_gets_a_400_naming_its_field(Kind::Sqlite).await;
-}
+on_both_stores!(
+    postgres_every_bad_body_gets_a_400_naming_its_field,
+    sqlite_every_bad_body_gets_a_400_naming_its_field,
+    every_bad_body_gets_a_400_naming_its_field
+);
 
 // ---------------------------------------------------------------------------------------------
 
