@@ -46,6 +46,8 @@ pub enum Source {
     Redis,
     /// The in-process fallback of an `on_error: local` limit while Redis could not answer.
     Local,
+    /// A denial Redis gave, answered again from this gateway until it ends (no store call).
+    OverLimitCache,
 }
 
 /// A request the limits let through.
@@ -105,6 +107,7 @@ impl Source {
             Source::Memory => "memory",
             Source::Redis => "redis",
             Source::Local => "local",
+            Source::OverLimitCache => "over_limit_cache",
         }
     }
 

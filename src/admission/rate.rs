@@ -47,9 +47,20 @@ pub(super) async fn check(
             ..Admitted::default()
         });
     }
+    // A denial still in the over-limit cache decides without a store call: denials beat
+    // admissions, so the other limits need not be asked.
+    let cache = store.over_limit();
+    let cacheable = |c: &Check| !c.shadow && req.cfg.limit(c.id).over_limit_cache;
+    let sent = cache.now();
+    if let Some((i, decision, at)) = cache.lookup(&checks, sent, cacheable) {
+        let id = checks[i].id;
+        report.decide(id, false, false, Source::OverLimitCache, Some(1.0));
+        return verdict(req, Some((id, decision)), at, None);
+    }
     let mut decisions = Decisions::new();
     match store.check(&checks, now, &mut decisions).await {
         Ok(at) => {
+            cache.remember(&checks, &decisions, at, sent, cacheable);
             let source = Source::of_store(store);
             let decided = most_restrictive(&checks, &decisions, source, report);
             verdict(req, decided, at, None)

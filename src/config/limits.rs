@@ -107,6 +107,9 @@ pub struct Limit {
     /// Counted and logged, never denies.
     pub shadow: bool,
     pub on_error: OnError,
+    /// Rate limits on Redis: a denial may be answered again from this gateway's over-limit
+    /// cache until it ends (`over_limit_cache`, default true).
+    pub over_limit_cache: bool,
     pub spec: Spec,
 }
 
@@ -319,6 +322,7 @@ impl LimitBuilder {
             anonymous_only: l.anonymous_only.unwrap_or(false),
             shadow: l.shadow.unwrap_or(false),
             on_error: common.on_error,
+            over_limit_cache: l.over_limit_cache.unwrap_or(true),
             spec: spec.expect("no errors"),
         });
         Some(self.limits.len() - 1)
@@ -449,6 +453,7 @@ fn concurrency(
         ("algorithm", l.algorithm.is_some()),
         ("window", l.window.is_some()),
         ("burst", l.burst.is_some()),
+        ("over_limit_cache", l.over_limit_cache.is_some()),
     ] {
         if set {
             errs.at(

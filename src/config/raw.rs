@@ -53,6 +53,15 @@ pub struct Store {
     pub breaker: Option<Breaker>,
     /// `on_error: local` limits admit `limit × local_share` on the local fallback limiter.
     pub local_share: Option<f64>,
+    /// Redis: answer callers already over a limit from this gateway's memory.
+    pub over_limit_cache: Option<OverLimitCache>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverLimitCache {
+    /// The most denials kept (0: off).
+    pub max_entries: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -112,6 +121,8 @@ pub struct Limit {
     pub anonymous_only: Option<bool>,
     pub shadow: Option<bool>,
     pub on_error: Option<String>,
+    /// Rate limits only: whether the over-limit cache may answer for it (default true).
+    pub over_limit_cache: Option<bool>,
     /// Top-level limits only: the routes the limit applies to (all when absent).
     pub routes: Option<Vec<String>>,
 }

@@ -59,6 +59,8 @@ pub struct StoreSettings {
     pub key_prefix: String,
     pub max_keys: usize,
     pub breaker: BreakerSettings,
+    /// Redis only: denials the over-limit cache keeps at most; 0 turns it off.
+    pub over_limit_entries: usize,
 }
 
 /// The failure-policy defaults in `store` (`on_error`, `local_share`). They shape the limits
@@ -108,6 +110,11 @@ pub(super) fn validate(
     let breaker = r.breaker.map_or(defaults::BREAKER, |b| breaker(errs, b));
     let local_share = r.local_share.unwrap_or(defaults::LOCAL_SHARE);
     errs.fraction("store.local_share", local_share, " (1/N for N gateways)");
+    let over_limit_entries = r
+        .over_limit_cache
+        .map_or(defaults::OVER_LIMIT_ENTRIES, |c| {
+            c.max_entries.unwrap_or(defaults::OVER_LIMIT_ENTRIES)
+        });
     let settings = StoreSettings {
         backend,
         redis,
@@ -115,6 +122,7 @@ pub(super) fn validate(
         key_prefix,
         max_keys,
         breaker,
+        over_limit_entries,
     };
     let failure = FailureDefaults {
         on_error,

@@ -36,6 +36,8 @@ use crate::limit::{Algorithm, Decision};
 
 /// Concurrency slots (`kind: concurrency`): their own take and release scripts.
 mod concurrency;
+/// Over-limit cache invalidations over pub/sub.
+mod invalidate;
 /// Usage read and reset, for the quota admin API.
 mod usage;
 
