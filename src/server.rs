@@ -34,6 +34,8 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 /// How often the maintenance task looks for a reloaded config (to drop cached denials of the
 /// limits it changed; lookups check each denial's quota anyway).
 const RELOAD_POLL: Duration = Duration::from_millis(100);
+/// How often ended quota leases are given back.
+const LEASE_SWEEP: Duration = Duration::from_millis(50);
 
 /// A startup failure, printed before exiting with status 1.
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +104,7 @@ impl BackgroundService for Maintenance {
         let mut shutdown = shutdown;
         let mut tick = tokio::time::interval(SWEEP_INTERVAL);
         let mut reloads = tokio::time::interval(RELOAD_POLL);
+        let mut leases = tokio::time::interval(LEASE_SWEEP);
         let mut config = self.config.snapshot();
         loop {
             tokio::select! {
@@ -110,6 +113,7 @@ impl BackgroundService for Maintenance {
                     let removed = store.sweep(SystemClock.now_ms());
                     tracing::debug!(removed, "swept expired counters");
                 }
+                _ = leases.tick() => store.sweep_leases().await,
                 _ = reloads.tick() => {
                     // A reload that changed limits drops their cached denials, everywhere.
                     let next = self.config.snapshot();
@@ -123,6 +127,9 @@ impl BackgroundService for Maintenance {
                 }
             }
         }
+        // Leases end with the process: their unspent units go back.
+        store.leases().mark(&Invalidation::All);
+        store.sweep_leases().await;
         let _ = follow.await;
         let _ = watch.await;
         if let Some(q) = quotas {

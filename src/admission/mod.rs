@@ -48,6 +48,8 @@ pub enum Source {
     Local,
     /// A denial Redis gave, answered again from this gateway until it ends (no store call).
     OverLimitCache,
+    /// This gateway's quota lease of the limit (no store call).
+    Lease,
 }
 
 /// A request the limits let through.
@@ -108,6 +110,7 @@ impl Source {
             Source::Redis => "redis",
             Source::Local => "local",
             Source::OverLimitCache => "over_limit_cache",
+            Source::Lease => "lease",
         }
     }
 

@@ -55,6 +55,15 @@ pub struct Store {
     pub local_share: Option<f64>,
     /// Redis: answer callers already over a limit from this gateway's memory.
     pub over_limit_cache: Option<OverLimitCache>,
+    /// Quota leasing for every limit that can lease and sets none of its own.
+    pub lease: Option<Lease>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lease {
+    /// The most units one store call takes for a caller (the request's own included).
+    pub max: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -123,6 +132,8 @@ pub struct Limit {
     pub on_error: Option<String>,
     /// Rate limits only: whether the over-limit cache may answer for it (default true).
     pub over_limit_cache: Option<bool>,
+    /// Rate limits only: quota leasing (`{ max: 50 }`), overriding `store.lease`.
+    pub lease: Option<Lease>,
     /// Top-level limits only: the routes the limit applies to (all when absent).
     pub routes: Option<Vec<String>>,
 }

@@ -63,12 +63,14 @@ pub struct StoreSettings {
     pub over_limit_entries: usize,
 }
 
-/// The failure-policy defaults in `store` (`on_error`, `local_share`). They shape the limits
-/// when the config is built, so a reload applies them.
+/// The defaults in `store` that shape the limits (`on_error`, `local_share`, `lease`). They
+/// are applied when the config is built, so a reload applies them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FailureDefaults {
     pub on_error: OnError,
     pub local_share: f64,
+    /// `store.lease.max`: leasing of every limit that can lease and sets none (0: off).
+    pub lease_max: u64,
 }
 
 pub(super) fn validate(
@@ -124,9 +126,16 @@ pub(super) fn validate(
         breaker,
         over_limit_entries,
     };
+    let lease_max = r.lease.map_or(0, |l| {
+        if l.max == 0 {
+            errs.at("store.lease.max", "must be at least 1 (1: no leasing)");
+        }
+        l.max
+    });
     let failure = FailureDefaults {
         on_error,
         local_share,
+        lease_max,
     };
     (settings, failure)
 }

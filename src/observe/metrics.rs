@@ -37,12 +37,13 @@ pub const STORE_ERROR_KINDS: [ErrorKind; 4] = [
     ErrorKind::Script,
     ErrorKind::Other,
 ];
-/// `source` values, indexed by [`source_index`]. `lease` is reserved for quota leasing.
-const SOURCES: [Source; 4] = [
+/// `source` values, indexed by [`source_index`].
+const SOURCES: [Source; 5] = [
     Source::Memory,
     Source::Redis,
     Source::Local,
     Source::OverLimitCache,
+    Source::Lease,
 ];
 
 const CHECK_BUCKETS: &[f64] = &[
@@ -59,6 +60,7 @@ fn source_index(s: Source) -> usize {
         Source::Redis => 1,
         Source::Local => 2,
         Source::OverLimitCache => 3,
+        Source::Lease => 4,
     }
 }
 
@@ -89,6 +91,8 @@ pub struct Metrics {
     breaker_rejected: IntCounter,
     calls_saved: IntCounterVec,
     over_limit_entries: IntGauge,
+    leases: IntCounterVec,
+    lease_units: IntCounterVec,
     failure_policy: IntCounterVec,
     breaker_open: IntGauge,
     breaker_transitions: IntCounterVec,
@@ -170,6 +174,8 @@ impl Metrics {
             store_errors: counter_vec(&r, "tollgate_store_errors_total", "Store calls that failed, by kind.", &["kind"]),
             breaker_rejected: counter(&r, "tollgate_breaker_rejected_total", "Store calls not made because the circuit breaker was open."),
             calls_saved: counter_vec(&r, "tollgate_store_calls_saved_total", "Store calls not made because this gateway answered from memory, by reason (over_limit_cache: a cached denial).", &["reason"]),
+            leases: counter_vec(&r, "tollgate_leases_total", "Quota leases this gateway took.", &["event"]),
+            lease_units: counter_vec(&r, "tollgate_lease_units_total", "Units of quota leases: taken, given back (unspent, returned to Redis), lost (unspent and not returned: the window had ended, or the return failed).", &["event"]),
             over_limit_entries: gauge(&r, "tollgate_over_limit_cache_entries", "Denials held in this gateway's over-limit cache."),
             failure_policy: counter_vec(&r, "tollgate_failure_policy_total", "Limit checks the store could not answer, by the limit's on_error policy that answered instead (allow: fail open, deny: fail closed, local: in-process fallback).", &["limit", "policy"]),
             breaker_open: gauge(&r, "tollgate_breaker_open", "1 while the store's circuit breaker is open or half-open, else 0."),
@@ -236,6 +242,25 @@ impl Metrics {
             cache.hits.load(Ordering::Relaxed),
         );
         self.over_limit_entries.set(cache.len() as i64);
+        let ls = &store.leases().stats;
+        set(
+            &self.calls_saved.with_label_values(&["lease"]),
+            ls.answered.load(Ordering::Relaxed),
+        );
+        set(
+            &self.leases.with_label_values(&["taken"]),
+            ls.taken.load(Ordering::Relaxed),
+        );
+        for (event, a) in [
+            ("taken", &ls.units_taken),
+            ("given_back", &ls.units_given_back),
+            ("lost", &ls.units_lost),
+        ] {
+            set(
+                &self.lease_units.with_label_values(&[event]),
+                a.load(Ordering::Relaxed),
+            );
+        }
         let open = redis.is_some_and(|r| r.breaker_state() != BreakerState::Closed);
         self.breaker_open.set(i64::from(open));
         for (state, n) in [
@@ -289,7 +314,7 @@ pub struct Labels {
     route_names: Vec<Arc<str>>,
     tier_names: Vec<String>,
     /// `[limit][outcome][source]`; `None` for sources this store never uses.
-    decisions: Vec<[[Option<IntCounter>; 4]; 3]>,
+    decisions: Vec<[[Option<IntCounter>; 5]; 3]>,
     failure_policy: Vec<IntCounter>,
     /// By limit: the quota histogram of the tier the limit belongs to.
     quota: Vec<Option<Histogram>>,
@@ -302,7 +327,12 @@ impl Labels {
     /// Resolve every series of `cfg` (`redis`: the store is Redis, with its local fallback).
     pub fn resolve(m: &Metrics, cfg: &Arc<Config>, redis: bool) -> Labels {
         let sources: &[Source] = if redis {
-            &[Source::Redis, Source::Local, Source::OverLimitCache]
+            &[
+                Source::Redis,
+                Source::Local,
+                Source::OverLimitCache,
+                Source::Lease,
+            ]
         } else {
             &[Source::Memory]
         };
@@ -392,7 +422,7 @@ impl Labels {
             .zip(&self.decisions)
             .map(|(name, by)| {
                 let sum =
-                    |o: &[Option<IntCounter>; 4]| o.iter().flatten().map(IntCounter::get).sum();
+                    |o: &[Option<IntCounter>; 5]| o.iter().flatten().map(IntCounter::get).sum();
                 (&**name, [sum(&by[0]), sum(&by[1]), sum(&by[2])])
             })
     }

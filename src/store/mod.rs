@@ -16,6 +16,8 @@
 
 pub mod breaker;
 pub mod key;
+pub mod lease;
+mod leased;
 pub mod memory;
 pub mod over_limit;
 pub mod redis;
@@ -33,6 +35,8 @@ use crate::limit::{Decision, Quota};
 
 pub use self::redis::RedisStore;
 pub use key::CounterKey;
+pub use lease::Leases;
+pub use leased::FromLease;
 pub use memory::MemoryStore;
 pub use over_limit::{Invalidation, OverLimitCache};
 pub use slots::{HeldSlots, InUse, MemorySlots, SlotStats};
@@ -183,7 +187,12 @@ pub struct Store {
     origin: Instant,
     /// Redis: denials answered from this process until they end (off for the memory store).
     over_limit: OverLimitCache,
+    /// Redis: quota leases of the limits that lease (off for the memory store).
+    leases: Leases,
 }
+
+/// Callers (limit and caller pairs) the lease table keeps at most.
+pub const LEASE_ENTRIES: usize = 100_000;
 
 /// Keys the local fallback limiter keeps at most.
 pub const FALLBACK_MAX_KEYS: usize = 100_000;
@@ -220,6 +229,7 @@ impl Store {
             next_request: AtomicU64::new(1),
             origin: Instant::now(),
             over_limit: OverLimitCache::new(0),
+            leases: Leases::new(0),
         }
     }
 
@@ -227,8 +237,14 @@ impl Store {
     pub fn with_over_limit_cache(mut self, max_entries: usize) -> Store {
         if self.redis_store().is_some() {
             self.over_limit = OverLimitCache::new(max_entries);
+            self.leases = Leases::new(LEASE_ENTRIES);
         }
         self
+    }
+
+    /// This gateway's quota leases (empty and off for the memory store).
+    pub fn leases(&self) -> &Leases {
+        &self.leases
     }
 
     /// The over-limit cache (empty and off for the memory store).
@@ -241,8 +257,9 @@ impl Store {
     /// then end on their own, at their retry time.
     pub async fn invalidate(&self, inv: Invalidation) {
         self.over_limit.invalidate(&inv);
+        self.end_leases(&inv).await;
         if let Backend::Redis(r) = &self.backend {
-            if self.over_limit.enabled() {
+            if self.over_limit.enabled() || self.leases.enabled() {
                 if let Err(e) = Box::pin(r.publish_invalidation(&inv)).await {
                     tracing::warn!("over-limit cache invalidation not published: {e}");
                 }
@@ -257,8 +274,9 @@ impl Store {
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
         if let Backend::Redis(r) = &self.backend {
-            if self.over_limit.enabled() {
-                r.follow_invalidations(&self.over_limit, shutdown).await;
+            if self.over_limit.enabled() || self.leases.enabled() {
+                r.follow_invalidations(&self.over_limit, &self.leases, shutdown)
+                    .await;
             }
         }
     }

@@ -76,6 +76,8 @@ pub enum Invalidation {
     Keys(Vec<CounterKey>),
     /// The entries of these limits (a reload changed them).
     Limits(Vec<String>),
+    /// Only the cached denials of these counters, not their leases: leased units came back.
+    Denials(Vec<CounterKey>),
 }
 
 impl Invalidation {
@@ -83,8 +85,11 @@ impl Invalidation {
     pub fn encode(&self) -> String {
         match self {
             Invalidation::All => "all".to_string(),
-            Invalidation::Keys(keys) => {
-                let mut s = String::from("keys");
+            Invalidation::Keys(keys) | Invalidation::Denials(keys) => {
+                let mut s = String::from(match self {
+                    Invalidation::Keys(_) => "keys",
+                    _ => "denials",
+                });
                 for k in keys {
                     s.push(' ');
                     k.write_hex(&mut s);
@@ -105,6 +110,10 @@ impl Invalidation {
                 .collect::<Option<Vec<_>>>()
                 .map(Invalidation::Keys),
             "limits" => Some(Invalidation::Limits(words.map(str::to_string).collect())),
+            "denials" => words
+                .map(CounterKey::from_hex)
+                .collect::<Option<Vec<_>>>()
+                .map(Invalidation::Denials),
             _ => None,
         }
     }
@@ -200,22 +209,25 @@ impl OverLimitCache {
     }
 
     /// Keep the denials among `decisions` (one per check; the store decided at `at_ms`, and the
-    /// call was sent at monotonic `sent`) of the checks `eligible` admits.
+    /// call was sent at monotonic `sent`) of the checks `keep` gives a bound to: `Some(ms)`, the
+    /// longest a denial of that check may be kept (a limit that leases: units other gateways
+    /// hold may come back before `retry_after`), `None`: not kept.
     pub fn remember(
         &self,
         checks: &[Check],
         decisions: &[Decision],
         at_ms: u64,
         sent: u64,
-        eligible: impl Fn(&Check) -> bool,
+        keep: impl Fn(&Check) -> Option<u64>,
     ) {
         if !self.enabled() {
             return;
         }
         for (c, d) in checks.iter().zip(decisions) {
-            if d.allowed || d.retry_after_ms == 0 || !eligible(c) {
+            if d.allowed || d.retry_after_ms == 0 {
                 continue;
             }
+            let Some(longest) = keep(c) else { continue };
             let entry = Entry {
                 name: c.name.clone(),
                 quota: c.quota,
@@ -223,7 +235,7 @@ impl OverLimitCache {
                 decision: *d,
                 at_ms,
                 sent,
-                until: sent + d.retry_after_ms,
+                until: sent + d.retry_after_ms.min(longest),
             };
             let mut shard = self.shard(&c.key).lock();
             let before = shard.len();
@@ -248,7 +260,7 @@ impl OverLimitCache {
     pub fn invalidate(&self, inv: &Invalidation) {
         match inv {
             Invalidation::All => self.clear(),
-            Invalidation::Keys(keys) => {
+            Invalidation::Keys(keys) | Invalidation::Denials(keys) => {
                 for k in keys {
                     if !self.enabled() {
                         return;

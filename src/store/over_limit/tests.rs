@@ -20,7 +20,7 @@ fn denied(retry: u64) -> Decision {
 fn a_denial_is_answered_until_its_retry_time_on_the_clock_of_the_send() {
     let c = OverLimitCache::new(100);
     let checks = [check(1, 1, 5)];
-    c.remember(&checks, &[denied(800)], 10_000, 100, |_| true);
+    c.remember(&checks, &[denied(800)], 10_000, 100, |_| Some(u64::MAX));
     assert_eq!(c.len(), 1);
     let (i, d, at) = c.lookup(&checks, 350, |_| true).expect("cached");
     assert_eq!(i, 0);
@@ -38,7 +38,7 @@ fn a_denial_is_answered_until_its_retry_time_on_the_clock_of_the_send() {
 #[test]
 fn a_cheaper_request_another_quota_or_an_ineligible_check_asks_the_store() {
     let c = OverLimitCache::new(100);
-    c.remember(&[check(1, 3, 5)], &[denied(500)], 0, 0, |_| true);
+    c.remember(&[check(1, 3, 5)], &[denied(500)], 0, 0, |_| Some(u64::MAX));
     assert!(c.lookup(&[check(1, 2, 5)], 1, |_| true).is_none());
     assert!(c.lookup(&[check(1, 3, 5)], 1, |_| true).is_some());
     assert!(c.lookup(&[check(1, 4, 5)], 1, |_| true).is_some());
@@ -56,7 +56,7 @@ fn admissions_and_ineligible_denials_are_not_kept() {
         &[Decision::allow(5, 1, 100), denied(100)],
         0,
         0,
-        |c| c.key.0[0] == 1,
+        |c| (c.key.0[0] == 1).then_some(u64::MAX),
     );
     assert!(c.is_empty());
 }
@@ -65,7 +65,9 @@ fn admissions_and_ineligible_denials_are_not_kept() {
 fn the_most_restrictive_cached_denial_answers() {
     let c = OverLimitCache::new(100);
     let checks = [check(1, 1, 5), check(2, 1, 5)];
-    c.remember(&checks, &[denied(100), denied(700)], 0, 0, |_| true);
+    c.remember(&checks, &[denied(100), denied(700)], 0, 0, |_| {
+        Some(u64::MAX)
+    });
     assert_eq!(c.lookup(&checks, 0, |_| true).unwrap().0, 1);
 }
 
@@ -73,11 +75,11 @@ fn the_most_restrictive_cached_denial_answers() {
 fn bounded_and_off_at_zero() {
     let c = OverLimitCache::new(32);
     for k in 0..=255u8 {
-        c.remember(&[check(k, 1, 5)], &[denied(100)], 0, 0, |_| true);
+        c.remember(&[check(k, 1, 5)], &[denied(100)], 0, 0, |_| Some(u64::MAX));
     }
     assert_eq!(c.len(), 32);
     let off = OverLimitCache::new(0);
-    off.remember(&[check(1, 1, 5)], &[denied(100)], 0, 0, |_| true);
+    off.remember(&[check(1, 1, 5)], &[denied(100)], 0, 0, |_| Some(u64::MAX));
     assert!(off.lookup(&[check(1, 1, 5)], 0, |_| true).is_none());
     assert!(!off.enabled());
 }
@@ -89,6 +91,7 @@ fn invalidations_round_trip_and_drop_what_they_name() {
         Invalidation::All,
         keys.clone(),
         Invalidation::Limits(vec!["a".into(), "b-c".into()]),
+        Invalidation::Denials(vec![CounterKey([9; 16])]),
     ] {
         assert_eq!(Invalidation::decode(&inv.encode()), Some(inv));
     }
@@ -99,7 +102,7 @@ fn invalidations_round_trip_and_drop_what_they_name() {
         &[denied(100), denied(100)],
         0,
         0,
-        |_| true,
+        |_| Some(u64::MAX),
     );
     c.invalidate(&keys);
     assert_eq!(c.len(), 1);
@@ -107,4 +110,13 @@ fn invalidations_round_trip_and_drop_what_they_name() {
     assert_eq!(c.len(), 1);
     c.invalidate(&Invalidation::Limits(vec!["l".into()]));
     assert_eq!(c.len(), 0);
+}
+
+#[test]
+fn a_denial_is_kept_at_most_as_long_as_its_bound() {
+    let c = OverLimitCache::new(100);
+    let checks = [check(1, 1, 5)];
+    c.remember(&checks, &[denied(800)], 0, 0, |_| Some(300));
+    assert!(c.lookup(&checks, 299, |_| true).is_some());
+    assert!(c.lookup(&checks, 300, |_| true).is_none());
 }

@@ -14,6 +14,7 @@ use redis::Script;
 
 use super::{Conn, RedisStore};
 use crate::config::Topology;
+use crate::store::lease::Leases;
 use crate::store::over_limit::{Invalidation, OverLimitCache};
 use crate::store::StoreError;
 
@@ -55,6 +56,7 @@ impl RedisStore {
     pub async fn follow_invalidations(
         &self,
         cache: &OverLimitCache,
+        leases: &Leases,
         mut shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
         let channel = self.invalidation_channel();
@@ -77,7 +79,10 @@ impl RedisStore {
                 let mut messages = pubsub.on_message();
                 while let Some(msg) = messages.next().await {
                     let text: String = msg.get_payload().unwrap_or_default();
-                    cache.invalidate(&Invalidation::decode(&text).unwrap_or(Invalidation::All));
+                    let inv = Invalidation::decode(&text).unwrap_or(Invalidation::All);
+                    cache.invalidate(&inv);
+                    // Ended at the next sweep (within 50 ms), which gives their units back.
+                    leases.mark(&inv);
                 }
                 Ok::<(), redis::RedisError>(())
             };
