@@ -57,10 +57,11 @@ for label in "${order[@]}"; do
     --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/$label.log" & pids+=($!)
   ports[$label]=$port; gpids[$label]=$!
   case $load in
-    one) keyarg[$label]="-H x-api-key:hot-$label" ;;
-    abuser) keyarg[$label]="-H x-api-key:abuser-$label" ;;
-    spread) keyarg[$label]="-s $dir/spread.lua" ;;
+    one) echo "wrk.headers[\"x-api-key\"] = \"hot-$label\"" > "$dir/$label.lua" ;;
+    abuser) echo "wrk.headers[\"x-api-key\"] = \"abuser-$label\"" > "$dir/$label.lua" ;;
+    spread) cp "$dir/spread.lua" "$dir/$label.lua" ;;
   esac
+  keyarg[$label]="-s $dir/$label.lua"
 done
 sleep 2
 

@@ -35,6 +35,7 @@ use std::sync::Arc;
 
 use lru::LruCache;
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use super::key::KeyHasher;
 use super::{Check, CounterKey, Invalidation};
@@ -89,8 +90,10 @@ struct Entry {
     seen_before: u64,
     period: u64,
     /// A store call asking for a lease is under way until then (monotonic ms): one at a time,
-    /// so a gateway never holds more than one lease's units.
+    /// so a gateway never holds more than one lease's units. Requests that find one under way
+    /// wait for it on `arrived` rather than calling the store themselves.
     asking_until: u64,
+    arrived: Option<Arc<Notify>>,
 }
 
 /// Counters of leasing, for the metrics.
@@ -190,6 +193,7 @@ impl Leases {
                 seen_before: 0,
                 period: now,
                 asking_until: 0,
+                arrived: None,
             };
             if let Some((k, mut old)) = shard.push(c.key, fresh) {
                 if k != c.key {
@@ -272,11 +276,25 @@ impl Leases {
         per_lease.min(room)
     }
 
-    /// The call that asked for a lease of `c` has returned (whatever it took).
+    /// The call that asked for a lease of `c` has returned (whatever it took): the requests
+    /// waiting for it try the lease again.
     pub fn asked(&self, c: &Check) {
         if let Some(e) = self.shard(&c.key).lock().peek_mut(&c.key) {
             e.asking_until = 0;
+            if let Some(n) = &e.arrived {
+                n.notify_waiters();
+            }
         }
+    }
+
+    /// When a call asking for a lease of `c` is under way at `now`: what wakes its waiters.
+    pub fn asking(&self, c: &Check, now: u64) -> Option<Arc<Notify>> {
+        let mut shard = self.shard(&c.key).lock();
+        let e = shard.peek_mut(&c.key)?;
+        if now >= e.asking_until {
+            return None;
+        }
+        Some(e.arrived.get_or_insert_with(Default::default).clone())
     }
 
     /// Redis gave `c` a lease of `units` on a call sent at `sent` (monotonic ms), deciding at
@@ -317,6 +335,7 @@ impl Leases {
                     seen_before: 0,
                     period: sent,
                     asking_until: 0,
+                    arrived: None,
                 };
                 if let Some((k, mut old)) = shard.push(c.key, fresh) {
                     if k != c.key {

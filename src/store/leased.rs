@@ -13,6 +13,10 @@ use super::lease::{Ended, Reserved};
 use super::redis::Took;
 use super::{Backend, Check, Checks, Decisions, Invalidation, Store, StoreError};
 
+/// How long a request waits for a lease another request of the same caller is taking, before
+/// it calls the store itself.
+const LEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Which checks of a request a lease answered: bit `i` for check `i` (checks past 64 never
 /// lease).
 pub type FromLease = u64;
@@ -32,8 +36,16 @@ impl Store {
         let Backend::Redis(redis) = &self.backend else {
             return self.check(checks, now, out).await;
         };
-        let mono = self.over_limit.now();
-        let reserved = self.reserve(checks, max, mono);
+        let mut mono = self.over_limit.now();
+        let mut reserved = self.reserve(checks, max, mono);
+        if reserved.len() < checks.len() && self.wait_for_lease(checks, max, &reserved, mono).await
+        {
+            for r in &reserved {
+                self.leases.roll_back(r, &checks[r.index], mono);
+            }
+            mono = self.over_limit.now();
+            reserved = self.reserve(checks, max, mono);
+        }
         out.clear();
         if reserved.len() == checks.len() {
             for r in &reserved {
@@ -42,11 +54,12 @@ impl Store {
             }
             return Ok(reserved[0].at_ms);
         }
-        let (rest, extra) = self.rest(checks, max, &reserved, mono);
+        let (owned, extra) = self.rest(checks, max, &reserved, mono);
+        let rest: &[Check] = owned.as_deref().unwrap_or(checks);
         let mut decided = Decisions::new();
         let mut took = Took::new();
         let result =
-            Box::pin(redis.check_leasing(&rest, &extra, now, &mut decided, &mut took)).await;
+            Box::pin(redis.check_leasing(rest, &extra, now, &mut decided, &mut took)).await;
         for (c, _) in rest.iter().zip(&extra).filter(|(_, &e)| e > 0) {
             self.leases.asked(c);
         }
@@ -88,6 +101,36 @@ impl Store {
         Ok(at)
     }
 
+    /// When a lease call for one of the checks no lease paid is under way, wait for it
+    /// (at most [`LEASE_WAIT`]) instead of calling the store too; whether it waited.
+    async fn wait_for_lease(
+        &self,
+        checks: &[Check],
+        max: &[u64],
+        reserved: &[Reserved],
+        mono: u64,
+    ) -> bool {
+        let unpaid = |i: &usize| max[*i] > 1 && !reserved.iter().any(|r| r.index == *i);
+        let Some(arrived) = (0..checks.len())
+            .filter(unpaid)
+            .find_map(|i| self.leases.asking(&checks[i], mono))
+        else {
+            return false;
+        };
+        let notified = arrived.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // It may have arrived between the look and the registration.
+        if !(0..checks.len())
+            .filter(unpaid)
+            .any(|i| self.leases.asking(&checks[i], mono).is_some())
+        {
+            return true;
+        }
+        let _ = tokio::time::timeout(LEASE_WAIT, notified).await;
+        true
+    }
+
     /// Reserve each leasing check's cost from this gateway's lease, where it can pay.
     fn reserve(&self, checks: &[Check], max: &[u64], mono: u64) -> SmallVec<[Reserved; 8]> {
         let mut reserved = SmallVec::new();
@@ -101,14 +144,15 @@ impl Store {
         reserved
     }
 
-    /// The checks no lease paid for, and the extra units each may lease (empty: none asks).
+    /// The checks no lease paid for (`None`: all of them), and the extra units each may lease
+    /// (empty: none asks).
     fn rest(
         &self,
         checks: &[Check],
         max: &[u64],
         reserved: &[Reserved],
         mono: u64,
-    ) -> (Checks, SmallVec<[u64; 8]>) {
+    ) -> (Option<Checks>, SmallVec<[u64; 8]>) {
         let mut rest = Checks::new();
         let mut extra: SmallVec<[u64; 8]> = SmallVec::new();
         for (i, c) in checks.iter().enumerate() {
@@ -119,13 +163,15 @@ impl Store {
                 } else {
                     0
                 });
-                rest.push(c.clone());
+                if !reserved.is_empty() {
+                    rest.push(c.clone());
+                }
             }
         }
         if extra.iter().all(|&e| e == 0) {
             extra.clear();
         }
-        (rest, extra)
+        ((!reserved.is_empty()).then_some(rest), extra)
     }
 
     /// Give back the units of every lease that has ended or was marked to end; a no-op without
