@@ -23,18 +23,22 @@ else
   SLACK = 60000
 end
 local n = #KEYS
--- Take up to `extra` more units than `cost` from limit i, whose check of `cost` admitted with
--- `remaining` left: the lease and the check's results for cost + lease.
-local function lease(i, extra, cost, remaining, reset, op, key, a, b, ttl)
-  local take = math.min(extra + 0, remaining)
-  if take <= 0 then return 0, remaining, reset, op, key, a, b, ttl, nil end
-  local j = 2 + (i - 1) * 6
-  local ok, r2, reset2, _, op2, key2, a2, b2, ttl2 = ALG[ARGV[j]](
-    KEYS[i], now, ARGV[j + 1] + 0, ARGV[j + 2] + 0, ARGV[j + 3] + 0, cost + take)
-  if ok ~= 1 then return 0, remaining, reset, op, key, a, b, ttl, nil end
-  return take, r2, reset2, op2, key2, a2, b2, ttl2, int(cost + take)
-end
 local leasing = #ARGV > 1 + 6 * n
+-- Defined only for calls that lease: a closure made on every call costs Redis time.
+local lease
+if leasing then
+  -- Take up to `extra` more units than `cost` from limit i, whose check of `cost` admitted with
+  -- `remaining` left: the lease and the check's results for cost + lease.
+  lease = function(i, extra, cost, remaining, reset, op, key, a, b, ttl)
+    local take = math.min(extra + 0, remaining)
+    if take <= 0 then return 0, remaining, reset, op, key, a, b, ttl, nil end
+    local j = 2 + (i - 1) * 6
+    local ok, r2, reset2, _, op2, key2, a2, b2, ttl2 = ALG[ARGV[j]](
+      KEYS[i], now, ARGV[j + 1] + 0, ARGV[j + 2] + 0, ARGV[j + 3] + 0, cost + take)
+    if ok ~= 1 then return 0, remaining, reset, op, key, a, b, ttl, nil end
+    return take, r2, reset2, op2, key2, a2, b2, ttl2, int(cost + take)
+  end
+end
 if n == 1 then
   -- One limit: decide and write in one step.
   local cost = ARGV[6] + 0

@@ -127,6 +127,15 @@ async fn two_leasing_gateways_admit_at_most_the_limit_and_give_back_what_they_di
         let took = started.elapsed();
         let calls = redis.command_calls("evalsha") - calls;
         assert_eq!(replies.len(), 10_000);
+        for gw in [&a, &b] {
+            let out = gw.output();
+            let bad: Vec<&str> = out
+                .lines()
+                .filter(|l| l.contains("panicked") || l.contains("ERROR") || l.contains("WARN"))
+                .take(5)
+                .collect();
+            assert!(bad.is_empty(), "{alg}: {bad:#?}");
+        }
         assert_only_200_and_429(alg, &replies);
         let n = admitted(&replies);
         assert!((900..=1000).contains(&n), "{alg}: {n} admitted");
@@ -245,4 +254,43 @@ async fn leases_are_not_spent_across_a_fixed_window_boundary_on_two_gateways() {
         "{total}: leases lost more than 2 × max"
     );
     assert_eq!(up.requests().await, total);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_on_one_gateway_ends_the_leases_of_the_changed_limit_on_both() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let old = config(&redis, &up, "lease-reload", (100_000, "24h", 50));
+    let a = Gateway::start_named("A", &old, &[], &[]).await;
+    let b = Gateway::start_named("B", &old, &[], &[]).await;
+    // Both gateways busy on one caller: their leases are spent long before they would end.
+    let path = "/token_bucket/x";
+    let driver = Load::across(&[a.url(path), b.url(path)]).conns(8).start();
+    driver
+        .wait("both lease", Duration::from_secs(30), |r| {
+            admitted(r) >= 1000
+        })
+        .await;
+    let before = (given_back(&a).await, given_back(&b).await);
+    // Only A reloads, changing the limit: B ends its lease too, over pub/sub, and gives its
+    // units back at once (its own config still has the old limit, so it leases again).
+    a.replace_config(&config(&redis, &up, "lease-reload", (200_000, "24h", 50)));
+    a.sighup();
+    a.wait_generation(1, Duration::from_secs(5)).await;
+    let t = Instant::now();
+    common::wait::eventually("B gives its lease back", Duration::from_millis(800))
+        .holds_async(|| async { given_back(&b).await > before.1 })
+        .await;
+    eprintln!("B gave its lease back {:?} after A's reload", t.elapsed());
+    assert!(given_back(&a).await > before.0, "A ended its lease too");
+    let replies = driver.finish().await;
+    assert_only_200_and_429("reload", &replies);
+    assert_eq!(up.requests().await, admitted(&replies));
+}
+
+/// Leased units `gw` gave back so far.
+async fn given_back(gw: &Gateway) -> f64 {
+    gw.metrics()
+        .await
+        .value("tollgate_lease_units_total", &[("event", "given_back")])
 }

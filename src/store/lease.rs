@@ -221,7 +221,8 @@ impl Leases {
             return None;
         }
         e.balance -= c.cost;
-        let passed = now - e.taken;
+        // Another thread may have taken this lease after `now` was read.
+        let passed = now.saturating_sub(e.taken);
         let decision = Decision::allow(
             c.quota.limit,
             e.remaining + e.balance,

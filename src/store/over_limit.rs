@@ -189,7 +189,8 @@ impl OverLimitCache {
             if c.cost < e.cost {
                 continue; // a smaller request might fit: ask the store
             }
-            let passed = now - e.sent;
+            // Another thread may have put this entry after `now` was read.
+            let passed = now.saturating_sub(e.sent);
             let d = Decision::deny(
                 e.decision.limit,
                 e.decision.remaining,

@@ -125,3 +125,12 @@ fn bounded_and_an_evicted_lease_is_given_back() {
     assert!(ended.iter().any(|e| e.units == 4), "{ended:?}");
     assert_eq!(l.held(), 1, "one entry per shard of 1");
 }
+
+#[test]
+fn a_lease_taken_after_the_request_read_its_clock_pays_as_it_is() {
+    let l = Leases::new(100);
+    let c = check(1, Algorithm::TokenBucket);
+    l.take(&c, 3, &taken(10), 7_000, 50);
+    let r = l.reserve(0, &c, 49).expect("from the lease");
+    assert_eq!((r.decision.reset_after_ms, r.at_ms), (5_000, 7_000));
+}

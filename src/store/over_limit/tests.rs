@@ -120,3 +120,13 @@ fn a_denial_is_kept_at_most_as_long_as_its_bound() {
     assert!(c.lookup(&checks, 299, |_| true).is_some());
     assert!(c.lookup(&checks, 300, |_| true).is_none());
 }
+
+#[test]
+fn an_entry_put_after_the_lookup_read_its_clock_answers_as_it_is() {
+    // Another thread can remember a denial between this request reading `now` and its lookup.
+    let c = OverLimitCache::new(100);
+    let checks = [check(1, 1, 5)];
+    c.remember(&checks, &[denied(800)], 10_000, 500, |_| Some(u64::MAX));
+    let (_, d, at) = c.lookup(&checks, 499, |_| true).expect("cached");
+    assert_eq!((d, at), (Decision::deny(5, 0, 800, 800), 10_000));
+}
