@@ -8,12 +8,13 @@
 # For each row: req/s, gateway user+system µs per request (/proc/PID/task/*/stat), EVALSHA
 # calls per request (INFO commandstats) and Redis CPU µs per request (INFO cpu), all deltas
 # over the same wrk run.
-# Usage: loadtest/lease.sh [-s SECONDS] [-c CONNECTIONS] [-r ROUNDS] [-b BINARY]
+#   base-*     with -B: the same loads on another build (before this work: plain Redis store)
+# Usage: loadtest/lease.sh [-s SECONDS] [-c CONNECTIONS] [-r ROUNDS] [-b BINARY] [-B BASE_BINARY]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-secs=8 conns=50 rounds=3 bin=target/release/tollgate
-while getopts s:c:r:b: o; do
-  case $o in s) secs=$OPTARG ;; c) conns=$OPTARG ;; r) rounds=$OPTARG ;; b) bin=$OPTARG ;; *) exit 2 ;; esac
+secs=8 conns=50 rounds=3 bin=target/release/tollgate base=
+while getopts s:c:r:b:B: o; do
+  case $o in s) secs=$OPTARG ;; c) conns=$OPTARG ;; r) rounds=$OPTARG ;; b) bin=$OPTARG ;; B) base=$OPTARG ;; *) exit 2 ;; esac
 done
 for t in nginx wrk taskset python3 redis-server redis-cli; do
   command -v $t >/dev/null || { echo "needs $t: apt-get install -y nginx wrk util-linux python3 redis-server redis-tools" >&2; exit 1; }
@@ -41,6 +42,15 @@ declare -A rows=(
   [spread-lease]="$redis|$lease|spread"
 )
 order=(hot-memory hot-redis hot-lease abusive-nocache abusive-cache spread-redis spread-lease)
+declare -A binary
+for label in "${order[@]}"; do binary[$label]=$bin; done
+if [ -n "$base" ]; then
+  rows[base-hot]="$redis|$never|one"
+  rows[base-abusive]="$redis|$over|abuser"
+  rows[base-spread]="$redis|$never|spread"
+  for label in base-hot base-abusive base-spread; do binary[$label]=$base; done
+  order=(base-hot hot-memory hot-redis hot-lease base-abusive abusive-nocache abusive-cache base-spread spread-redis spread-lease)
+fi
 cat > "$dir/spread.lua" <<'LUA'
 local n = 0
 request = function()
@@ -53,7 +63,7 @@ for label in "${order[@]}"; do
   IFS='|' read -r store limit load <<<"${rows[$label]}"
   port=$(free_port)
   sed "s/__UPSTREAM__/127.0.0.1:$up/; s|__STORE__|$store|; s|__LIMIT__|$limit|" loadtest/configs/lease.yaml > "$dir/$label.yaml"
-  taskset -c 0 "$bin" -c "$dir/$label.yaml" --listen "127.0.0.1:$port" \
+  taskset -c 0 "${binary[$label]}" -c "$dir/$label.yaml" --listen "127.0.0.1:$port" \
     --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/$label.log" & pids+=($!)
   ports[$label]=$port; gpids[$label]=$!
   case $load in
