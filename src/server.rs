@@ -26,10 +26,16 @@ use crate::observe::Observer;
 use crate::proxy::Gateway;
 use crate::quota::Quotas;
 use crate::shed::Shedder;
-use crate::store::Store;
+use crate::store::over_limit::changed_limits;
+use crate::store::{Invalidation, Store};
 
 /// How often the memory store drops expired keys.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+/// How often the maintenance task looks for a reloaded config (to drop cached denials of the
+/// limits it changed; lookups check each denial's quota anyway).
+const RELOAD_POLL: Duration = Duration::from_millis(100);
+/// How often ended quota leases are given back.
+const LEASE_SWEEP: Duration = Duration::from_millis(50);
 
 /// A startup failure, printed before exiting with status 1.
 #[derive(Debug, thiserror::Error)]
@@ -94,8 +100,12 @@ impl BackgroundService for Maintenance {
             .clone()
             .map(|q| tokio::spawn(q.run(shutdown.clone())));
         let store = self.store.clone();
+        let follow = tokio::spawn(store.clone().follow_invalidations(shutdown.clone()));
         let mut shutdown = shutdown;
         let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+        let mut reloads = tokio::time::interval(RELOAD_POLL);
+        let mut leases = tokio::time::interval(LEASE_SWEEP);
+        let mut config = self.config.snapshot();
         loop {
             tokio::select! {
                 _ = shutdown.changed() => break,
@@ -103,8 +113,24 @@ impl BackgroundService for Maintenance {
                     let removed = store.sweep(SystemClock.now_ms());
                     tracing::debug!(removed, "swept expired counters");
                 }
+                _ = leases.tick() => store.sweep_leases().await,
+                _ = reloads.tick() => {
+                    // A reload that changed limits drops their cached denials, everywhere.
+                    let next = self.config.snapshot();
+                    if !Arc::ptr_eq(&next, &config) {
+                        let changed = changed_limits(&config, &next);
+                        if !changed.is_empty() {
+                            store.invalidate(Invalidation::Limits(changed)).await;
+                        }
+                        config = next;
+                    }
+                }
             }
         }
+        // Leases end with the process: their unspent units go back.
+        store.leases().mark(&Invalidation::All);
+        store.sweep_leases().await;
+        let _ = follow.await;
         let _ = watch.await;
         if let Some(q) = quotas {
             let _ = q.await;

@@ -83,7 +83,7 @@ fixtures! {
         "limit: unknown section, expected one of server, store, identity, tiers, api_keys, default_tier, upstreams, routes, limits, shedding, headers, quotas, access_log, admin",
     ],
     misspelled_limit_key => "misspelled-limit-key.yaml": [
-        "limits[0].limt: unknown field `limt`, expected one of `name`, `kind`, `key`, `algorithm`, `limit`, `window`, `timeout`, `burst`, `anonymous_only`, `shadow`, `on_error`, `routes`",
+        "limits[0].limt: unknown field `limt`, expected one of `name`, `kind`, `key`, `algorithm`, `limit`, `window`, `timeout`, `burst`, `anonymous_only`, `shadow`, `on_error`, `over_limit_cache`, `lease`, `routes`",
     ],
     zero_limit => "zero-limit.yaml": [
         "limits[0].limit: must be at least 1",
@@ -188,6 +188,14 @@ fixtures! {
     concurrency_limit_with_rate_fields => "concurrency-with-window.yaml": [
         "limits[0].algorithm: does not apply to kind: concurrency",
         "limits[0].window: does not apply to kind: concurrency",
+    ],
+    over_limit_cache_on_a_concurrency_limit => "over-limit-cache-on-concurrency.yaml": [
+        "limits[0].over_limit_cache: does not apply to kind: concurrency",
+    ],
+    lease_where_it_cannot_lease => "lease-on-sliding-log.yaml": [
+        "limits[0].lease: sliding_log cannot lease (it logs every request); use another algorithm or drop lease",
+        "limits[1].lease.max: must be at least 1 (1: no leasing)",
+        "limits[2].lease: does not apply to kind: concurrency",
     ],
     bad_limit_kind => "bad-limit-kind.yaml": [
         r#"limits[0].kind: "semaphore" is not a limit kind (rate, concurrency)"#,

@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::fingerprint::{fingerprint, KeyHash};
 use crate::quota::model::{AuditEntry, PutBody};
 use crate::quota::{self, Db, Lookup, Quotas};
+use crate::store::Invalidation;
 use http::Response;
 
 /// The largest request body the API reads.
@@ -256,6 +257,8 @@ impl Admin {
             return db_error(&e);
         }
         quotas.changed();
+        // Cached denials were decided under the old quota: drop them on every gateway.
+        self.store.invalidate(Invalidation::All).await;
         tracing::info!(key = %format!("fp:{}", named.fp), client, "quota override {}: {after}", if created { "created" } else { "changed" });
         json_response(if created { 201 } else { 200 }, after)
     }
@@ -280,6 +283,7 @@ impl Admin {
             return db_error(&e);
         }
         quotas.changed();
+        self.store.invalidate(Invalidation::All).await;
         tracing::info!(key = %format!("fp:{}", named.fp), client, "quota override deleted");
         json_response(
             200,

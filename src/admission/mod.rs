@@ -46,6 +46,10 @@ pub enum Source {
     Redis,
     /// The in-process fallback of an `on_error: local` limit while Redis could not answer.
     Local,
+    /// A denial Redis gave, answered again from this gateway until it ends (no store call).
+    OverLimitCache,
+    /// This gateway's quota lease of the limit (no store call).
+    Lease,
 }
 
 /// A request the limits let through.
@@ -105,6 +109,8 @@ impl Source {
             Source::Memory => "memory",
             Source::Redis => "redis",
             Source::Local => "local",
+            Source::OverLimitCache => "over_limit_cache",
+            Source::Lease => "lease",
         }
     }
 

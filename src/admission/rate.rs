@@ -10,7 +10,9 @@ use super::{Admitted, Refused, Report, Request, Source};
 use crate::config::LimitId;
 use crate::limit::Decision;
 use crate::refusal::Refusal;
-use crate::store::{Check, Checks, Decisions, Store};
+use crate::store::lease::lease_ttl;
+use crate::store::{Check, Checks, Decisions, FromLease, Store};
+use smallvec::SmallVec;
 
 impl Request<'_> {
     /// The rate limits that apply to this request, with their keys and the route's cost.
@@ -47,11 +49,43 @@ pub(super) async fn check(
             ..Admitted::default()
         });
     }
+    // A denial still in the over-limit cache decides without a store call: denials beat
+    // admissions, so the other limits need not be asked.
+    let cache = store.over_limit();
+    let cacheable = |c: &Check| !c.shadow && req.cfg.limit(c.id).over_limit_cache;
+    let sent = cache.now();
+    if let Some((i, decision, at)) = cache.lookup(&checks, sent, cacheable) {
+        let id = checks[i].id;
+        report.decide(id, false, false, Source::OverLimitCache, Some(1.0));
+        return verdict(req, Some((id, decision)), at, None);
+    }
     let mut decisions = Decisions::new();
-    match store.check(&checks, now, &mut decisions).await {
+    // Limits that lease: the most units one store call may take for each check.
+    let lease: SmallVec<[u64; 8]> = checks
+        .iter()
+        .map(|c| req.cfg.limit(c.id).lease_max)
+        .collect();
+    let mut from_lease: FromLease = 0;
+    let result = if lease.iter().any(|&m| m > 1) {
+        store
+            .check_leasing(&checks, &lease, now, &mut decisions, &mut from_lease)
+            .await
+    } else {
+        store.check(&checks, now, &mut decisions).await
+    };
+    match result {
         Ok(at) => {
+            // A limit that leases: units other gateways hold may come back (when their leases
+            // end) before the denial's retry time; keep it no longer than a lease lasts.
+            let keep = |c: &Check| {
+                cacheable(c).then(|| match req.cfg.limit(c.id).lease_max {
+                    0 | 1 => u64::MAX,
+                    _ => lease_ttl(c.quota.window_ms),
+                })
+            };
+            cache.remember(&checks, &decisions, at, sent, keep);
             let source = Source::of_store(store);
-            let decided = most_restrictive(&checks, &decisions, source, report);
+            let decided = most_restrictive(&checks, &decisions, source, from_lease, report);
             verdict(req, decided, at, None)
         }
         Err(e) => {
@@ -67,10 +101,16 @@ fn most_restrictive(
     checks: &[Check],
     decisions: &[Decision],
     source: Source,
+    from_lease: FromLease,
     report: &mut Report,
 ) -> Option<(LimitId, Decision)> {
     let mut decisive: Option<(LimitId, Decision)> = None;
-    for (c, d) in checks.iter().zip(decisions) {
+    for (i, (c, d)) in checks.iter().zip(decisions).enumerate() {
+        let source = if i < 64 && from_lease & (1 << i) != 0 {
+            Source::Lease
+        } else {
+            source
+        };
         report.decide(c.id, d.allowed, c.shadow, source, Some(used(d)));
         if c.shadow {
             continue;
@@ -140,7 +180,7 @@ fn on_store_error(
                 c.quota = req.caller.rate_spec(cfg, c.id).local_quota;
             }
             store.local().counters.check(checks, now, decisions);
-            let decided = most_restrictive(checks, decisions, Source::Local, report);
+            let decided = most_restrictive(checks, decisions, Source::Local, 0, report);
             verdict(req, decided, now, degraded)
         }
     }

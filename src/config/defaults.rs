@@ -41,6 +41,8 @@ pub const STORE_TIMEOUT: Duration = Duration::from_millis(25);
 pub const KEY_PREFIX: &str = "tollgate";
 /// The most counters the memory store keeps.
 pub const MAX_KEYS: usize = 1_000_000;
+/// Denials the over-limit cache keeps at most (`store.over_limit_cache.max_entries`).
+pub const OVER_LIMIT_ENTRIES: usize = 100_000;
 /// `store.url` of `backend: redis`.
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 /// Failure policy of limits that set none (`store.on_error`).

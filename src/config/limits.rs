@@ -107,6 +107,13 @@ pub struct Limit {
     /// Counted and logged, never denies.
     pub shadow: bool,
     pub on_error: OnError,
+    /// Rate limits on Redis: a denial may be answered again from this gateway's over-limit
+    /// cache until it ends (`over_limit_cache`, default true).
+    pub over_limit_cache: bool,
+    /// Redis only: the most units one store call may take for a caller, the request's own
+    /// included, leasing the rest to this gateway (`lease.max`, or `store.lease.max`); 0 or 1:
+    /// no leasing.
+    pub lease_max: u64,
     pub spec: Spec,
 }
 
@@ -310,6 +317,7 @@ impl LimitBuilder {
             None => None,
         };
         let common = self.common(errs, path, &l, default_key);
+        let lease_max = self.lease_max(errs, path, &l, spec.as_ref());
         if errs.count() > before {
             return None;
         }
@@ -319,9 +327,36 @@ impl LimitBuilder {
             anonymous_only: l.anonymous_only.unwrap_or(false),
             shadow: l.shadow.unwrap_or(false),
             on_error: common.on_error,
+            over_limit_cache: l.over_limit_cache.unwrap_or(true),
+            lease_max,
             spec: spec.expect("no errors"),
         });
         Some(self.limits.len() - 1)
+    }
+
+    /// `lease.max` of a rate limit (its own, else `store.lease`); sliding_log cannot lease.
+    fn lease_max(&self, errs: &mut Errors, path: &str, l: &raw::Limit, spec: Option<&Spec>) -> u64 {
+        let Some(Spec::Rate(r)) = spec else { return 0 };
+        let sliding_log = r.quota.algorithm == crate::limit::Algorithm::SlidingLog;
+        match &l.lease {
+            Some(_) if sliding_log => {
+                errs.at(
+                    &format!("{path}.lease"),
+                    "sliding_log cannot lease (it logs every request); use another algorithm or drop lease",
+                );
+                0
+            }
+            Some(lease) if lease.max == 0 => {
+                errs.at(
+                    &format!("{path}.lease.max"),
+                    "must be at least 1 (1: no leasing)",
+                );
+                0
+            }
+            Some(lease) => lease.max,
+            None if sliding_log => 0,
+            None => self.failure.lease_max,
+        }
     }
 
     fn common(
@@ -449,6 +484,8 @@ fn concurrency(
         ("algorithm", l.algorithm.is_some()),
         ("window", l.window.is_some()),
         ("burst", l.burst.is_some()),
+        ("over_limit_cache", l.over_limit_cache.is_some()),
+        ("lease", l.lease.is_some()),
     ] {
         if set {
             errs.at(

@@ -140,6 +140,10 @@ impl Startup {
             ("store.key_prefix", s.key_prefix != t.key_prefix),
             ("store.max_keys", s.max_keys != t.max_keys),
             ("store.breaker", s.breaker != t.breaker),
+            (
+                "store.over_limit_cache",
+                s.over_limit_entries != t.over_limit_entries,
+            ),
             ("quotas", self.quotas != next.quotas),
         ]
         .into_iter()

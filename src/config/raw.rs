@@ -53,6 +53,24 @@ pub struct Store {
     pub breaker: Option<Breaker>,
     /// `on_error: local` limits admit `limit × local_share` on the local fallback limiter.
     pub local_share: Option<f64>,
+    /// Redis: answer callers already over a limit from this gateway's memory.
+    pub over_limit_cache: Option<OverLimitCache>,
+    /// Quota leasing for every limit that can lease and sets none of its own.
+    pub lease: Option<Lease>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lease {
+    /// The most units one store call takes for a caller (the request's own included).
+    pub max: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverLimitCache {
+    /// The most denials kept (0: off).
+    pub max_entries: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -112,6 +130,10 @@ pub struct Limit {
     pub anonymous_only: Option<bool>,
     pub shadow: Option<bool>,
     pub on_error: Option<String>,
+    /// Rate limits only: whether the over-limit cache may answer for it (default true).
+    pub over_limit_cache: Option<bool>,
+    /// Rate limits only: quota leasing (`{ max: 50 }`), overriding `store.lease`.
+    pub lease: Option<Lease>,
     /// Top-level limits only: the routes the limit applies to (all when absent).
     pub routes: Option<Vec<String>>,
 }

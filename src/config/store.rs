@@ -59,14 +59,18 @@ pub struct StoreSettings {
     pub key_prefix: String,
     pub max_keys: usize,
     pub breaker: BreakerSettings,
+    /// Redis only: denials the over-limit cache keeps at most; 0 turns it off.
+    pub over_limit_entries: usize,
 }
 
-/// The failure-policy defaults in `store` (`on_error`, `local_share`). They shape the limits
-/// when the config is built, so a reload applies them.
+/// The defaults in `store` that shape the limits (`on_error`, `local_share`, `lease`). They
+/// are applied when the config is built, so a reload applies them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FailureDefaults {
     pub on_error: OnError,
     pub local_share: f64,
+    /// `store.lease.max`: leasing of every limit that can lease and sets none (0: off).
+    pub lease_max: u64,
 }
 
 pub(super) fn validate(
@@ -108,6 +112,11 @@ pub(super) fn validate(
     let breaker = r.breaker.map_or(defaults::BREAKER, |b| breaker(errs, b));
     let local_share = r.local_share.unwrap_or(defaults::LOCAL_SHARE);
     errs.fraction("store.local_share", local_share, " (1/N for N gateways)");
+    let over_limit_entries = r
+        .over_limit_cache
+        .map_or(defaults::OVER_LIMIT_ENTRIES, |c| {
+            c.max_entries.unwrap_or(defaults::OVER_LIMIT_ENTRIES)
+        });
     let settings = StoreSettings {
         backend,
         redis,
@@ -115,10 +124,18 @@ pub(super) fn validate(
         key_prefix,
         max_keys,
         breaker,
+        over_limit_entries,
     };
+    let lease_max = r.lease.map_or(0, |l| {
+        if l.max == 0 {
+            errs.at("store.lease.max", "must be at least 1 (1: no leasing)");
+        }
+        l.max
+    });
     let failure = FailureDefaults {
         on_error,
         local_share,
+        lease_max,
     };
     (settings, failure)
 }

@@ -30,7 +30,7 @@ fn collects_errors_from_every_section() {
         vec![
             "gateway.yaml: store.timeout: \"1x\" is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)",
             "gateway.yaml: limits[0].limit: must be at least 1",
-            "gateway.yaml: limits[1].limt: unknown field `limt`, expected one of `name`, `kind`, `key`, `algorithm`, `limit`, `window`, `timeout`, `burst`, `anonymous_only`, `shadow`, `on_error`, `routes`",
+            "gateway.yaml: limits[1].limt: unknown field `limt`, expected one of `name`, `kind`, `key`, `algorithm`, `limit`, `window`, `timeout`, `burst`, `anonymous_only`, `shadow`, `on_error`, `over_limit_cache`, `lease`, `routes`",
         ]
     );
 }
@@ -145,5 +145,22 @@ fn words_list_what_they_expect() {
     assert_eq!(
         "urgent".parse::<Priority>().unwrap_err().to_string(),
         "\"urgent\" is not a priority class (critical, post, get, test)"
+    );
+}
+
+#[test]
+fn store_lease_applies_to_every_limit_that_can_lease_unless_it_sets_its_own() {
+    let yaml = format!(
+        "{MIN}store: {{ lease: {{ max: 20 }}, over_limit_cache: {{ max_entries: 7 }} }}\nlimits:\n  - {{ name: a, limit: 5, window: 1m }}\n  - {{ name: b, limit: 5, window: 1m, lease: {{ max: 3 }}, over_limit_cache: false }}\n  - {{ name: c, algorithm: sliding_log, limit: 5, window: 1m }}\n"
+    );
+    let c = check(&yaml).unwrap();
+    let leases: Vec<u64> = c.limits.iter().map(|l| l.lease_max).collect();
+    assert_eq!(leases, [20, 3, 0]);
+    let cached: Vec<bool> = c.limits.iter().map(|l| l.over_limit_cache).collect();
+    assert_eq!(cached, [true, false, true]);
+    assert_eq!(c.startup.store.over_limit_entries, 7);
+    assert_eq!(
+        check(MIN).unwrap().startup.store.over_limit_entries,
+        100_000
     );
 }

@@ -37,9 +37,14 @@ pub const STORE_ERROR_KINDS: [ErrorKind; 4] = [
     ErrorKind::Script,
     ErrorKind::Other,
 ];
-/// `source` values, indexed by [`source_index`]. `over_limit_cache` and `lease` are reserved
-/// for the Redis scaling work.
-const SOURCES: [Source; 3] = [Source::Memory, Source::Redis, Source::Local];
+/// `source` values, indexed by [`source_index`].
+const SOURCES: [Source; 5] = [
+    Source::Memory,
+    Source::Redis,
+    Source::Local,
+    Source::OverLimitCache,
+    Source::Lease,
+];
 
 const CHECK_BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -54,6 +59,8 @@ fn source_index(s: Source) -> usize {
         Source::Memory => 0,
         Source::Redis => 1,
         Source::Local => 2,
+        Source::OverLimitCache => 3,
+        Source::Lease => 4,
     }
 }
 
@@ -82,6 +89,10 @@ pub struct Metrics {
     slots_held: IntGauge,
     store_errors: IntCounterVec,
     breaker_rejected: IntCounter,
+    calls_saved: IntCounterVec,
+    over_limit_entries: IntGauge,
+    leases: IntCounterVec,
+    lease_units: IntCounterVec,
     failure_policy: IntCounterVec,
     breaker_open: IntGauge,
     breaker_transitions: IntCounterVec,
@@ -162,6 +173,10 @@ impl Metrics {
             slots_held: gauge(&r, "tollgate_concurrency_slots_held", "Requests of this gateway holding concurrency slots."),
             store_errors: counter_vec(&r, "tollgate_store_errors_total", "Store calls that failed, by kind.", &["kind"]),
             breaker_rejected: counter(&r, "tollgate_breaker_rejected_total", "Store calls not made because the circuit breaker was open."),
+            calls_saved: counter_vec(&r, "tollgate_store_calls_saved_total", "Store calls not made because this gateway answered from memory, by reason (over_limit_cache: a cached denial).", &["reason"]),
+            leases: counter_vec(&r, "tollgate_leases_total", "Quota leases this gateway took.", &["event"]),
+            lease_units: counter_vec(&r, "tollgate_lease_units_total", "Units of quota leases: taken, given back (unspent, returned to Redis), lost (unspent and not returned: the window had ended, or the return failed).", &["event"]),
+            over_limit_entries: gauge(&r, "tollgate_over_limit_cache_entries", "Denials held in this gateway's over-limit cache."),
             failure_policy: counter_vec(&r, "tollgate_failure_policy_total", "Limit checks the store could not answer, by the limit's on_error policy that answered instead (allow: fail open, deny: fail closed, local: in-process fallback).", &["limit", "policy"]),
             breaker_open: gauge(&r, "tollgate_breaker_open", "1 while the store's circuit breaker is open or half-open, else 0."),
             breaker_transitions: counter_vec(&r, "tollgate_breaker_transitions_total", "Circuit breaker state changes, by the state entered.", &["state"]),
@@ -221,6 +236,31 @@ impl Metrics {
             &self.breaker_rejected,
             load(redis.map(|r| &r.stats.rejected)),
         );
+        let cache = store.over_limit();
+        set(
+            &self.calls_saved.with_label_values(&["over_limit_cache"]),
+            cache.hits.load(Ordering::Relaxed),
+        );
+        self.over_limit_entries.set(cache.len() as i64);
+        let ls = &store.leases().stats;
+        set(
+            &self.calls_saved.with_label_values(&["lease"]),
+            ls.answered.load(Ordering::Relaxed),
+        );
+        set(
+            &self.leases.with_label_values(&["taken"]),
+            ls.taken.load(Ordering::Relaxed),
+        );
+        for (event, a) in [
+            ("taken", &ls.units_taken),
+            ("given_back", &ls.units_given_back),
+            ("lost", &ls.units_lost),
+        ] {
+            set(
+                &self.lease_units.with_label_values(&[event]),
+                a.load(Ordering::Relaxed),
+            );
+        }
         let open = redis.is_some_and(|r| r.breaker_state() != BreakerState::Closed);
         self.breaker_open.set(i64::from(open));
         for (state, n) in [
@@ -274,7 +314,7 @@ pub struct Labels {
     route_names: Vec<Arc<str>>,
     tier_names: Vec<String>,
     /// `[limit][outcome][source]`; `None` for sources this store never uses.
-    decisions: Vec<[[Option<IntCounter>; 3]; 3]>,
+    decisions: Vec<[[Option<IntCounter>; 5]; 3]>,
     failure_policy: Vec<IntCounter>,
     /// By limit: the quota histogram of the tier the limit belongs to.
     quota: Vec<Option<Histogram>>,
@@ -287,7 +327,12 @@ impl Labels {
     /// Resolve every series of `cfg` (`redis`: the store is Redis, with its local fallback).
     pub fn resolve(m: &Metrics, cfg: &Arc<Config>, redis: bool) -> Labels {
         let sources: &[Source] = if redis {
-            &[Source::Redis, Source::Local]
+            &[
+                Source::Redis,
+                Source::Local,
+                Source::OverLimitCache,
+                Source::Lease,
+            ]
         } else {
             &[Source::Memory]
         };
@@ -377,7 +422,7 @@ impl Labels {
             .zip(&self.decisions)
             .map(|(name, by)| {
                 let sum =
-                    |o: &[Option<IntCounter>; 3]| o.iter().flatten().map(IntCounter::get).sum();
+                    |o: &[Option<IntCounter>; 5]| o.iter().flatten().map(IntCounter::get).sum();
                 (&**name, [sum(&by[0]), sum(&by[1]), sum(&by[2])])
             })
     }

@@ -51,6 +51,20 @@ impl CounterKey {
         s
     }
 
+    /// The key whose [`CounterKey::hex`] is `s`.
+    pub fn from_hex(s: &str) -> Option<CounterKey> {
+        let b = s.as_bytes();
+        if b.len() != 32 {
+            return None;
+        }
+        let digit = |c: u8| char::from(c).to_digit(16).map(|d| d as u8);
+        let mut out = [0u8; 16];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = digit(b[2 * i])? << 4 | digit(b[2 * i + 1])?;
+        }
+        Some(CounterKey(out))
+    }
+
     /// Append the lower-case hex of the key (32 characters) to `out`.
     pub fn write_hex(&self, out: &mut String) {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";

@@ -16,7 +16,10 @@
 
 pub mod breaker;
 pub mod key;
+pub mod lease;
+mod leased;
 pub mod memory;
+pub mod over_limit;
 pub mod redis;
 pub mod sharded;
 pub mod slots;
@@ -32,7 +35,10 @@ use crate::limit::{Decision, Quota};
 
 pub use self::redis::RedisStore;
 pub use key::CounterKey;
+pub use lease::Leases;
+pub use leased::FromLease;
 pub use memory::MemoryStore;
+pub use over_limit::{Invalidation, OverLimitCache};
 pub use slots::{HeldSlots, InUse, MemorySlots, SlotStats};
 
 /// One rate limit to check for one request.
@@ -179,7 +185,14 @@ pub struct Store {
     next_request: AtomicU64,
     /// The origin of the monotonic clock that local slots are timed on.
     origin: Instant,
+    /// Redis: denials answered from this process until they end (off for the memory store).
+    over_limit: OverLimitCache,
+    /// Redis: quota leases of the limits that lease (off for the memory store).
+    leases: Leases,
 }
+
+/// Callers (limit and caller pairs) the lease table keeps at most.
+pub const LEASE_ENTRIES: usize = 100_000;
 
 /// Keys the local fallback limiter keeps at most.
 pub const FALLBACK_MAX_KEYS: usize = 100_000;
@@ -193,7 +206,8 @@ impl Store {
             Some(t) => Store::redis(
                 RedisStore::new(t.clone(), &settings.key_prefix, settings.timeout)?
                     .with_breaker(settings.breaker),
-            ),
+            )
+            .with_over_limit_cache(settings.over_limit_entries),
         })
     }
 
@@ -214,6 +228,56 @@ impl Store {
             instance: instance_id(),
             next_request: AtomicU64::new(1),
             origin: Instant::now(),
+            over_limit: OverLimitCache::new(0),
+            leases: Leases::new(0),
+        }
+    }
+
+    /// Keep at most `max_entries` denials in the over-limit cache (Redis only; 0: off).
+    pub fn with_over_limit_cache(mut self, max_entries: usize) -> Store {
+        if self.redis_store().is_some() {
+            self.over_limit = OverLimitCache::new(max_entries);
+            self.leases = Leases::new(LEASE_ENTRIES);
+        }
+        self
+    }
+
+    /// This gateway's quota leases (empty and off for the memory store).
+    pub fn leases(&self) -> &Leases {
+        &self.leases
+    }
+
+    /// The over-limit cache (empty and off for the memory store).
+    pub fn over_limit(&self) -> &OverLimitCache {
+        &self.over_limit
+    }
+
+    /// Drop what `inv` names from the over-limit cache here, and (Redis) on every gateway
+    /// sharing the store, over pub/sub. A failed publish is logged: the other gateways' entries
+    /// then end on their own, at their retry time.
+    pub async fn invalidate(&self, inv: Invalidation) {
+        self.over_limit.invalidate(&inv);
+        self.end_leases(&inv).await;
+        if let Backend::Redis(r) = &self.backend {
+            if self.over_limit.enabled() || self.leases.enabled() {
+                if let Err(e) = Box::pin(r.publish_invalidation(&inv)).await {
+                    tracing::warn!("over-limit cache invalidation not published: {e}");
+                }
+            }
+        }
+    }
+
+    /// Apply the invalidations other gateways publish, until `shutdown` (Redis with the
+    /// over-limit cache on; otherwise returns at once).
+    pub async fn follow_invalidations(
+        self: Arc<Self>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        if let Backend::Redis(r) = &self.backend {
+            if self.over_limit.enabled() || self.leases.enabled() {
+                r.follow_invalidations(&self.over_limit, &self.leases, shutdown)
+                    .await;
+            }
         }
     }
 
@@ -279,10 +343,16 @@ impl Store {
     }
 
     /// Drop the counters of `checks` (a usage reset); how many there were.
+    /// With Redis, the counters' cached denials go too, on every gateway.
     pub async fn reset(&self, checks: &[Check]) -> Result<u64, StoreError> {
         match &self.backend {
             Backend::Memory(m) => Ok(m.counters.remove(checks) as u64),
-            Backend::Redis(r) => Box::pin(r.reset(checks)).await,
+            Backend::Redis(r) => {
+                let removed = Box::pin(r.reset(checks)).await?;
+                self.invalidate(Invalidation::Keys(checks.iter().map(|c| c.key).collect()))
+                    .await;
+                Ok(removed)
+            }
         }
     }
 

@@ -1,0 +1,163 @@
+//! Rate-limit checks: one script call per request (per cluster slot), see the parent module.
+//! With quota leasing, a check may also take extra units for the gateway to spend locally
+//! (`lua/check.lua`).
+//!
+//! Phase: `request_filter`.
+
+use redis::cluster_routing::Slot;
+use redis::ScriptInvocation;
+use smallvec::SmallVec;
+
+use super::{algorithm_code, Conn, RedisStore, CHECK_SCRIPTS};
+use crate::limit::Decision;
+use crate::store::{Check, Decisions, StoreError};
+
+/// The units each check of a leasing call took beyond its cost.
+pub type Took = SmallVec<[u64; 8]>;
+
+impl RedisStore {
+    /// Check `checks` (with their limit names); see the module docs. Returns the time the
+    /// decisions were made at: Redis's clock (or `now` when time is explicit).
+    pub async fn check(
+        &self,
+        checks: &[Check],
+        now: u64,
+        out: &mut Decisions,
+    ) -> Result<u64, StoreError> {
+        self.check_leasing(checks, &[], now, out, &mut Took::new())
+            .await
+    }
+
+    /// [`RedisStore::check`], where check `i` may also take up to `extra[i]` more units as a
+    /// lease (`extra` empty: no leases); `took[i]` receives the units each took.
+    pub async fn check_leasing(
+        &self,
+        checks: &[Check],
+        extra: &[u64],
+        now: u64,
+        out: &mut Decisions,
+        took: &mut Took,
+    ) -> Result<u64, StoreError> {
+        out.clear();
+        took.clear();
+        took.resize(checks.len(), 0);
+        let keys: Vec<String> = checks.iter().map(|c| self.base_key(c)).collect();
+        let groups = self.slot_groups(&keys);
+        if let [all] = groups.as_slice() {
+            // One slot (always, outside a cluster): the decisions go straight to `out`.
+            let (_, at) = self.call(&keys, checks, extra, all, now, out, took).await?;
+            return Ok(at);
+        }
+        // Cluster: one call per slot, in sequence, stopping at the first denial.
+        let mut slots: Vec<Option<Decision>> = vec![None; checks.len()];
+        let mut group_out = Decisions::new();
+        let mut denied = false;
+        let mut decided_at = now;
+        for group in &groups {
+            if denied {
+                // Not consulted, nothing consumed. The request is denied by an earlier group,
+                // whose decision is the one reported, so these placeholders never reach a client.
+                for &i in group {
+                    slots[i] = Some(Decision::allow(
+                        checks[i].quota.limit,
+                        checks[i].quota.limit,
+                        0,
+                    ));
+                }
+                continue;
+            }
+            group_out.clear();
+            let (admitted, at) = self
+                .call(&keys, checks, extra, group, now, &mut group_out, took)
+                .await?;
+            for (&i, d) in group.iter().zip(&group_out) {
+                slots[i] = Some(*d);
+            }
+            denied = !admitted;
+            decided_at = at;
+        }
+        out.extend(slots.into_iter().map(|d| d.expect("every check decided")));
+        Ok(decided_at)
+    }
+
+    /// Indexes of `keys` grouped by cluster slot, in first-seen order (one group outside a
+    /// cluster). Rate-limit checks and concurrency slots share this.
+    pub(super) fn slot_groups(&self, keys: &[String]) -> Vec<Vec<usize>> {
+        if !matches!(self.conn, Conn::Cluster(_)) {
+            return vec![(0..keys.len()).collect()];
+        }
+        let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            let slot = Slot::for_key(k);
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, g)) => g.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        groups.into_iter().map(|(_, g)| g).collect()
+    }
+
+    /// One script call over the checks at `idx`, appending their decisions to `out`. Returns
+    /// whether the group admitted, and the time the decisions were made at.
+    #[allow(clippy::too_many_arguments)]
+    async fn call(
+        &self,
+        keys: &[String],
+        checks: &[Check],
+        extra: &[u64],
+        idx: &[usize],
+        now: u64,
+        out: &mut Decisions,
+        took: &mut Took,
+    ) -> Result<(bool, u64), StoreError> {
+        let mut inv: ScriptInvocation<'_> = CHECK_SCRIPTS.for_checks(checks, idx).prepare_invoke();
+        if self.explicit_time {
+            inv.arg(now);
+        } else {
+            inv.arg("");
+        }
+        for &i in idx {
+            let c = &checks[i];
+            inv.key(&keys[i])
+                .arg(algorithm_code(c.quota.algorithm))
+                .arg(c.quota.limit)
+                .arg(c.quota.window_ms)
+                .arg(c.quota.burst)
+                .arg(c.cost)
+                .arg(u8::from(c.shadow));
+        }
+        let leasing = !extra.is_empty();
+        if leasing {
+            for &i in idx {
+                inv.arg(extra[i]);
+            }
+        }
+        let reply = self.guarded(&inv, self.timeout).await?;
+        let leased = if leasing { idx.len() } else { 0 };
+        if reply.len() != idx.len() * 4 + 2 + leased {
+            return Err(StoreError::Reply(format!(
+                "{} values from the check script",
+                reply.len()
+            )));
+        }
+        let n = |v: i64| v.max(0) as u64;
+        out.extend(
+            idx.iter()
+                .zip(reply.chunks_exact(4))
+                .map(|(&i, r)| Decision {
+                    allowed: r[0] == 1,
+                    limit: checks[i].quota.limit,
+                    remaining: n(r[1]),
+                    reset_after_ms: n(r[2]),
+                    retry_after_ms: n(r[3]),
+                }),
+        );
+        let at = reply[idx.len() * 4 + 1].max(0) as u64;
+        if leasing {
+            for (&i, &t) in idx.iter().zip(&reply[idx.len() * 4 + 2..]) {
+                took[i] = n(t);
+            }
+        }
+        Ok((reply[idx.len() * 4] == 1, at))
+    }
+}
