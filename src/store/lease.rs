@@ -28,16 +28,13 @@
 //! Phase: `request_filter` (reserve, roll back, take), under one short shard lock at a time,
 //! never across an await; the sweeper task (give back).
 
-use std::hash::BuildHasherDefault;
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use lru::LruCache;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use super::key::KeyHasher;
+use super::sharded::{lru_shards, LruShard};
 use super::{Check, CounterKey, Invalidation};
 use crate::limit::{Algorithm, Decision, Quota};
 
@@ -108,7 +105,7 @@ pub struct LeaseStats {
     pub units_lost: AtomicU64,
 }
 
-type Shard = LruCache<CounterKey, Entry, BuildHasherDefault<KeyHasher>>;
+type Shard = LruShard<Entry>;
 
 /// The leases of this gateway.
 pub struct Leases {
@@ -133,16 +130,8 @@ pub struct Reserved {
 impl Leases {
     /// A table of at most `max_entries` callers (0: off).
     pub fn new(max_entries: usize) -> Leases {
-        let shards = if max_entries == 0 {
-            Vec::new()
-        } else {
-            let per_shard = NonZeroUsize::new(max_entries.div_ceil(SHARDS)).expect("not zero");
-            (0..SHARDS)
-                .map(|_| Mutex::new(LruCache::with_hasher(per_shard, Default::default())))
-                .collect()
-        };
         Leases {
-            shards: shards.into_boxed_slice(),
+            shards: lru_shards(max_entries, SHARDS),
             ended: Mutex::new(Vec::new()),
             end_all: std::sync::atomic::AtomicBool::new(false),
             end_limits: Mutex::new(Vec::new()),

@@ -21,16 +21,13 @@
 //! Phase: `request_filter` (lookups and inserts, under one short shard lock each, never held
 //! across an await), the pub/sub task and reloads (removals).
 
-use std::hash::BuildHasherDefault;
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use lru::LruCache;
 use parking_lot::Mutex;
 
-use super::key::KeyHasher;
+use super::sharded::{lru_shards, LruShard};
 use super::{Check, CounterKey};
 use crate::config::{Config, Spec};
 use crate::limit::{Decision, Quota};
@@ -53,7 +50,7 @@ struct Entry {
     until: u64,
 }
 
-type Shard = LruCache<CounterKey, Entry, BuildHasherDefault<KeyHasher>>;
+type Shard = LruShard<Entry>;
 
 /// The cache; with `max_entries` 0 it holds nothing and every call is a no-op.
 pub struct OverLimitCache {
@@ -122,16 +119,8 @@ impl Invalidation {
 impl OverLimitCache {
     /// A cache of at most `max_entries` denials (0: off).
     pub fn new(max_entries: usize) -> OverLimitCache {
-        let shards = if max_entries == 0 {
-            Vec::new()
-        } else {
-            let per_shard = NonZeroUsize::new(max_entries.div_ceil(SHARDS)).expect("not zero");
-            (0..SHARDS)
-                .map(|_| Mutex::new(LruCache::with_hasher(per_shard, Default::default())))
-                .collect()
-        };
         OverLimitCache {
-            shards: shards.into_boxed_slice(),
+            shards: lru_shards(max_entries, SHARDS),
             origin: Instant::now(),
             len: AtomicUsize::new(0),
             hits: AtomicU64::new(0),

@@ -8,7 +8,7 @@
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
-use super::key::KeyMap;
+use super::key::{KeyHasher, KeyMap};
 use super::CounterKey;
 
 /// Number of shards; a power of two.
@@ -75,4 +75,20 @@ impl<V> Sharded<V> {
     pub fn each(&self) -> impl Iterator<Item = MutexGuard<'_, KeyMap<V>>> {
         self.shards.iter().map(|s| s.lock())
     }
+}
+
+/// A counter-keyed LRU map: a shard of the gateway's bounded caches (the over-limit cache, the
+/// lease table).
+pub type LruShard<V> = lru::LruCache<CounterKey, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// `shards` LRU maps holding at most `max_entries` in all; none when `max_entries` is 0 (off).
+pub fn lru_shards<V>(max_entries: usize, shards: usize) -> Box<[Mutex<LruShard<V>>]> {
+    if max_entries == 0 {
+        return Box::new([]);
+    }
+    let per_shard =
+        std::num::NonZeroUsize::new(max_entries.div_ceil(shards)).expect("max_entries > 0");
+    (0..shards)
+        .map(|_| Mutex::new(LruShard::with_hasher(per_shard, Default::default())))
+        .collect()
 }
