@@ -65,7 +65,7 @@ fn counters(
         {
             let name = l.name.to_string();
             if !not_enumerable.iter().any(|v: &Value| v["name"] == name) {
-                not_enumerable.push(json!({ "name": name, "key": key_part_name(part) }));
+                not_enumerable.push(json!({ "name": name, "key": part.to_string() }));
             }
             continue;
         }
@@ -105,18 +105,6 @@ fn counters(
         });
     }
     (found, not_enumerable)
-}
-
-fn key_part_name(p: &KeyPart) -> String {
-    match p {
-        KeyPart::ApiKey => "api_key".into(),
-        KeyPart::User => "user".into(),
-        KeyPart::ClientIp => "client_ip".into(),
-        KeyPart::Route => "route".into(),
-        KeyPart::Method => "method".into(),
-        KeyPart::Tier => "tier".into(),
-        KeyPart::Header(h) => format!("header:{h}"),
-    }
 }
 
 /// What the key has used of each of its limits, read without consuming anything.

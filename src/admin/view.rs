@@ -16,18 +16,7 @@ fn secs(d: Duration) -> String {
 }
 
 fn key(parts: &[KeyPart]) -> Vec<String> {
-    parts
-        .iter()
-        .map(|p| match p {
-            KeyPart::ApiKey => "api_key".into(),
-            KeyPart::User => "user".into(),
-            KeyPart::ClientIp => "client_ip".into(),
-            KeyPart::Route => "route".into(),
-            KeyPart::Method => "method".into(),
-            KeyPart::Tier => "tier".into(),
-            KeyPart::Header(h) => format!("header:{h}"),
-        })
-        .collect()
+    parts.iter().map(KeyPart::to_string).collect()
 }
 
 fn limit(l: &Limit) -> Value {

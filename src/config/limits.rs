@@ -65,6 +65,21 @@ pub enum KeyPart {
     Header(HeaderName),
 }
 
+impl std::fmt::Display for KeyPart {
+    /// As the config file writes it (`api_key`, `header:x-tenant`, ...).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyPart::ApiKey => f.write_str("api_key"),
+            KeyPart::User => f.write_str("user"),
+            KeyPart::ClientIp => f.write_str("client_ip"),
+            KeyPart::Route => f.write_str("route"),
+            KeyPart::Method => f.write_str("method"),
+            KeyPart::Tier => f.write_str("tier"),
+            KeyPart::Header(h) => write!(f, "header:{h}"),
+        }
+    }
+}
+
 impl FromStr for KeyPart {
     type Err = WordError;
     fn from_str(s: &str) -> Result<Self, WordError> {

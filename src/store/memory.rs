@@ -28,6 +28,14 @@ struct Entry {
 
 type Shard = KeyMap<Entry>;
 
+/// The state `shard` holds for `key`, unless it has expired at `now`.
+fn live<'a>(shard: &'a Shard, key: &CounterKey, now: u64) -> Option<&'a State> {
+    shard
+        .get(key)
+        .filter(|e| e.expires_at > now)
+        .map(|e| &e.state)
+}
+
 pub struct MemoryStore {
     shards: Sharded<Entry>,
     shard_cap: usize,
@@ -54,12 +62,7 @@ impl MemoryStore {
         let mut admit = true;
         for c in checks {
             let key = c.key.for_algorithm(c.quota.algorithm);
-            let state = locked
-                .map(&key)
-                .get(&key)
-                .filter(|e| e.expires_at > now)
-                .map(|e| &e.state);
-            let o = check(&c.quota, state, now, c.cost);
+            let o = check(&c.quota, live(locked.map(&key), &key, now), now, c.cost);
             admit &= o.decision.allowed || c.shadow;
             out.push(o.decision);
             outcomes.push((key, o));
@@ -89,12 +92,7 @@ impl MemoryStore {
         let locked = self.shards.lock(checks.iter().map(|c| &c.key));
         for c in checks {
             let key = c.key.for_algorithm(c.quota.algorithm);
-            let state = locked
-                .map(&key)
-                .get(&key)
-                .filter(|e| e.expires_at > now)
-                .map(|e| &e.state);
-            out.push(check(&c.quota, state, now, 0).decision);
+            out.push(check(&c.quota, live(locked.map(&key), &key, now), now, 0).decision);
         }
     }
 

@@ -125,6 +125,20 @@ pub fn algorithm_code(a: Algorithm) -> u8 {
     }
 }
 
+/// A key and its quota as every script reads them: the algorithm's code, limit, window (ms)
+/// and burst; the caller adds what its script takes next.
+pub(super) fn quota_key<'s, 'a>(
+    inv: &'s mut ScriptInvocation<'a>,
+    key: &str,
+    q: &crate::limit::Quota,
+) -> &'s mut ScriptInvocation<'a> {
+    inv.key(key)
+        .arg(algorithm_code(q.algorithm))
+        .arg(q.limit)
+        .arg(q.window_ms)
+        .arg(q.burst)
+}
+
 /// The suffix of an algorithm's keys.
 fn key_tag(a: Algorithm) -> &'static str {
     match a {

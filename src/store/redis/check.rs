@@ -8,7 +8,7 @@ use redis::cluster_routing::Slot;
 use redis::ScriptInvocation;
 use smallvec::SmallVec;
 
-use super::{algorithm_code, Conn, RedisStore, CHECK_SCRIPTS};
+use super::{quota_key, Conn, RedisStore, CHECK_SCRIPTS};
 use crate::limit::Decision;
 use crate::store::{Check, Decisions, StoreError};
 
@@ -118,11 +118,7 @@ impl RedisStore {
         }
         for &i in idx {
             let c = &checks[i];
-            inv.key(&keys[i])
-                .arg(algorithm_code(c.quota.algorithm))
-                .arg(c.quota.limit)
-                .arg(c.quota.window_ms)
-                .arg(c.quota.burst)
+            quota_key(&mut inv, &keys[i], &c.quota)
                 .arg(c.cost)
                 .arg(u8::from(c.shadow));
         }

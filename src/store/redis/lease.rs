@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::{algorithm_code, key_tag, RedisStore};
+use super::{key_tag, quota_key, RedisStore};
 use crate::store::lease::Ended;
 use crate::store::StoreError;
 
@@ -31,11 +31,7 @@ impl RedisStore {
             let mut inv = RETURN.prepare_invoke();
             for &i in &group {
                 let e = &ended[i];
-                inv.key(&keys[i])
-                    .arg(algorithm_code(e.quota.algorithm))
-                    .arg(e.quota.limit)
-                    .arg(e.quota.window_ms)
-                    .arg(e.quota.burst)
+                quota_key(&mut inv, &keys[i], &e.quota)
                     .arg(e.units)
                     .arg(e.window);
             }

@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::{algorithm_code, RedisStore};
+use super::{algorithm_code, quota_key, RedisStore};
 use crate::store::{Check, StoreError};
 
 /// The algorithms and the read-only dispatcher.
@@ -41,12 +41,7 @@ impl RedisStore {
             let mut inv = PEEK.prepare_invoke();
             inv.arg("");
             for &i in &group {
-                let q = checks[i].quota;
-                inv.key(&keys[i])
-                    .arg(algorithm_code(q.algorithm))
-                    .arg(q.limit)
-                    .arg(q.window_ms)
-                    .arg(q.burst);
+                quota_key(&mut inv, &keys[i], &checks[i].quota);
             }
             let reply = self.guarded(&inv, self.timeout).await?;
             if reply.len() != group.len() * 2 + 1 {
