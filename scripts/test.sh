@@ -8,7 +8,7 @@ cargo clippy --all-targets --locked -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test --all-targets --locked 2>&1 | tee "$log"
+cargo test --all-targets --locked --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # The image build and its smoke test take about ten minutes from cold, which would push CI

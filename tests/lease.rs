@@ -260,9 +260,9 @@ async fn leases_are_not_spent_across_a_fixed_window_boundary_on_two_gateways() {
 async fn a_reload_on_one_gateway_ends_the_leases_of_the_changed_limit_on_both() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let old = config(&redis, &up, "lease-reload", (100_000, "24h", 50));
-    let a = Gateway::start_named("A", &old, &[], &[]).await;
-    let b = Gateway::start_named("B", &old, &[], &[]).await;
+    let limit = |n: u64| config(&redis, &up, "lease-reload", (n, "24h", 50));
+    let a = Gateway::start_named("A", &limit(100_000), &[], &[]).await;
+    let b = Gateway::start_named("B", &limit(100_000), &[], &[]).await;
     // Both gateways busy on one caller: their leases are spent long before they would end.
     let path = "/token_bucket/x";
     let driver = Load::across(&[a.url(path), b.url(path)]).conns(8).start();
@@ -271,21 +271,51 @@ async fn a_reload_on_one_gateway_ends_the_leases_of_the_changed_limit_on_both() 
             admitted(r) >= 1000
         })
         .await;
-    let before = (given_back(&a).await, given_back(&b).await);
+    assert_eq!((ended_early(&a).await, ended_early(&b).await), (0.0, 0.0));
+    let given = (given_back(&a).await, given_back(&b).await);
     // Only A reloads, changing the limit: B ends its lease too, over pub/sub, and gives its
-    // units back at once (its own config still has the old limit, so it leases again).
-    a.replace_config(&config(&redis, &up, "lease-reload", (200_000, "24h", 50)));
-    a.sighup();
-    a.wait_generation(1, Duration::from_secs(5)).await;
-    let t = Instant::now();
-    common::wait::eventually("B gives its lease back", Duration::from_millis(800))
-        .holds_async(|| async { given_back(&b).await > before.1 })
-        .await;
-    eprintln!("B gave its lease back {:?} after A's reload", t.elapsed());
-    assert!(given_back(&a).await > before.0, "A ended its lease too");
+    // units back at once (its own config still has the old limit, so it leases again). A
+    // gateway has a lease to end only while it holds units: not while it is asking for the
+    // next one, its last one spent. So A changes the limit again until each gateway has
+    // ended one, at most 10 times; a gateway that ignored the change would never end any.
+    let mut reloads = 0;
+    let mut ended = (0.0, 0.0);
+    while reloads < 10 && (ended.0 == 0.0 || ended.1 == 0.0) {
+        reloads += 1;
+        a.replace_config(&limit(100_000 * (reloads + 1)));
+        a.sighup();
+        a.wait_generation(reloads, Duration::from_secs(5)).await;
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(2) && (ended.0 == 0.0 || ended.1 == 0.0) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            ended = (ended_early(&a).await, ended_early(&b).await);
+        }
+        eprintln!(
+            "reload {reloads}: leases ended early {ended:?} after {:?}",
+            t.elapsed()
+        );
+    }
+    assert!(
+        ended.0 > 0.0,
+        "A never ended a lease over {reloads} reloads"
+    );
+    assert!(
+        ended.1 > 0.0,
+        "B never ended a lease over {reloads} reloads of A"
+    );
+    // What an ended lease held went back to Redis.
+    assert!(given_back(&a).await > given.0, "A gave nothing back");
+    assert!(given_back(&b).await > given.1, "B gave nothing back");
     let replies = driver.finish().await;
     assert_only_200_and_429("reload", &replies);
     assert_eq!(up.requests().await, admitted(&replies));
+}
+
+/// Leases `gw` ended early, on an invalidation, so far.
+async fn ended_early(gw: &Gateway) -> f64 {
+    gw.metrics()
+        .await
+        .value("tollgate_leases_total", &[("event", "ended_early")])
 }
 
 /// Leased units `gw` gave back so far.

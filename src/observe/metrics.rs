@@ -174,7 +174,7 @@ impl Metrics {
             store_errors: counter_vec(&r, "tollgate_store_errors_total", "Store calls that failed, by kind.", &["kind"]),
             breaker_rejected: counter(&r, "tollgate_breaker_rejected_total", "Store calls not made because the circuit breaker was open."),
             calls_saved: counter_vec(&r, "tollgate_store_calls_saved_total", "Store calls not made because this gateway answered from memory, by reason (over_limit_cache: a cached denial).", &["reason"]),
-            leases: counter_vec(&r, "tollgate_leases_total", "Quota leases this gateway took.", &["event"]),
+            leases: counter_vec(&r, "tollgate_leases_total", "Quota leases of this gateway: taken, and ended early (with units unspent) by an invalidation: a reload changing their limit, a quota change, a usage reset.", &["event"]),
             lease_units: counter_vec(&r, "tollgate_lease_units_total", "Units of quota leases: taken, given back (unspent, returned to Redis), lost (unspent and not returned: the window had ended, or the return failed).", &["event"]),
             over_limit_entries: gauge(&r, "tollgate_over_limit_cache_entries", "Denials held in this gateway's over-limit cache."),
             failure_policy: counter_vec(&r, "tollgate_failure_policy_total", "Limit checks the store could not answer, by the limit's on_error policy that answered instead (allow: fail open, deny: fail closed, local: in-process fallback).", &["limit", "policy"]),
@@ -247,10 +247,12 @@ impl Metrics {
             &self.calls_saved.with_label_values(&["lease"]),
             ls.answered.load(Ordering::Relaxed),
         );
-        set(
-            &self.leases.with_label_values(&["taken"]),
-            ls.taken.load(Ordering::Relaxed),
-        );
+        for (event, a) in [("taken", &ls.taken), ("ended_early", &ls.ended_early)] {
+            set(
+                &self.leases.with_label_values(&[event]),
+                a.load(Ordering::Relaxed),
+            );
+        }
         for (event, a) in [
             ("taken", &ls.units_taken),
             ("given_back", &ls.units_given_back),

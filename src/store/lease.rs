@@ -101,6 +101,9 @@ pub struct LeaseStats {
     /// Requests answered from a lease: store calls saved.
     pub answered: AtomicU64,
     pub units_given_back: AtomicU64,
+    /// Leases that still held units when an invalidation (a reload changing their limit, a
+    /// quota change, a usage reset) ended them.
+    pub ended_early: AtomicU64,
     /// Units given back too late (their window had ended), or whose return failed.
     pub units_lost: AtomicU64,
 }
@@ -202,6 +205,9 @@ impl Leases {
         }
         e.seen += 1;
         if e.quota != c.quota || now >= e.until {
+            if e.quota != c.quota && e.balance > 0 && now < e.until {
+                self.stats.ended_early.fetch_add(1, Ordering::Relaxed);
+            }
             self.end(c.key, e);
             e.quota = c.quota;
             return None;
@@ -366,7 +372,9 @@ impl Leases {
             Invalidation::Keys(keys) => {
                 for k in keys {
                     if let Some(s) = self.shards.get(usize::from(k.0[2]) & (SHARDS - 1)) {
-                        s.lock().pop(k);
+                        if s.lock().pop(k).is_some_and(|e| e.balance > 0) {
+                            self.stats.ended_early.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 }
             }
@@ -381,6 +389,9 @@ impl Leases {
             let mut shard = s.lock();
             for (k, e) in shard.iter_mut() {
                 let marked = all || names.iter().any(|n| **n == *e.name);
+                if marked && e.balance > 0 && now < e.until {
+                    self.stats.ended_early.fetch_add(1, Ordering::Relaxed);
+                }
                 if marked {
                     e.until = e.until.min(now);
                 }

@@ -109,6 +109,13 @@ fn another_quota_or_an_invalidation_ends_a_lease() {
     l.take(&c, 4, &taken(10), 0, 4);
     l.mark(&Invalidation::Keys(vec![c.key]));
     assert_eq!(l.held(), 0, "a usage reset drops the lease");
+    assert_eq!(l.stats.ended_early.load(Ordering::Relaxed), 3);
+    // A lease that ran out or was spent is not ended early.
+    l.take(&c, 1, &taken(10), 0, 5);
+    assert!(l.reserve(0, &c, 6).is_some());
+    l.mark(&Invalidation::All);
+    assert!(l.sweep(7).is_empty());
+    assert_eq!(l.stats.ended_early.load(Ordering::Relaxed), 3);
 }
 
 #[test]
