@@ -20,7 +20,9 @@
 //!
 //! Size: `extra` follows how many requests of the caller this gateway saw in the previous
 //! period of [`PERIOD_MS`]: none for a caller seen fewer than twice (exactly one call per
-//! request, as without leasing), up to `lease.max` for a hot one.
+//! request, as without leasing), up to `lease.max` for a hot one. A caller enters the table
+//! only once [`heat`] finds it seen twice in a period: a cold one costs no table entry, lock
+//! or allocation, and its requests take exactly the path they take without leasing.
 //!
 //! Bounded: LRU shards of at most the over-limit cache's `max_entries` in all; an evicted lease
 //! is given back.
@@ -37,6 +39,7 @@ use tokio::sync::Notify;
 use super::sharded::{lru_shards, LruShard};
 use super::{Check, CounterKey, Invalidation};
 use crate::limit::{Algorithm, Decision, Quota};
+use heat::Heat;
 
 const SHARDS: usize = 16;
 /// Requests are counted per period of this long to size the next lease.
@@ -118,6 +121,8 @@ pub struct Leases {
     end_all: std::sync::atomic::AtomicBool,
     end_limits: Mutex<Vec<String>>,
     next_id: AtomicU64,
+    /// Which callers may be warm enough to lease (`None`: leasing off).
+    heat: Option<Heat>,
     pub stats: LeaseStats,
 }
 
@@ -139,8 +144,16 @@ impl Leases {
             end_all: std::sync::atomic::AtomicBool::new(false),
             end_limits: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
+            heat: (max_entries > 0).then(Heat::new),
             stats: LeaseStats::default(),
         }
+    }
+
+    /// Count a request of `c`'s caller at `now` (monotonic ms); whether the caller may be warm
+    /// enough to lease. Only then is the lease table worth a look: a cold caller costs one
+    /// atomic operation (see [`heat`]).
+    pub fn warm(&self, c: &Check, now: u64) -> bool {
+        self.heat.as_ref().is_some_and(|h| h.touch(&c.key, now))
     }
 
     pub fn enabled(&self) -> bool {
@@ -413,5 +426,6 @@ impl Leases {
     }
 }
 
+mod heat;
 #[cfg(test)]
 mod tests;

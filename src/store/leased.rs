@@ -37,14 +37,19 @@ impl Store {
             return self.check(checks, now, out).await;
         };
         let mut mono = self.over_limit.now();
-        let mut reserved = self.reserve(checks, max, mono);
-        if reserved.len() < checks.len() && self.wait_for_lease(checks, max, &reserved, mono).await
+        let warm = self.warm(checks, max, mono);
+        if warm == 0 {
+            // Only cold callers: exactly the path without leasing.
+            return Box::pin(redis.check(checks, now, out)).await;
+        }
+        let mut reserved = self.reserve(checks, warm, mono);
+        if reserved.len() < checks.len() && self.wait_for_lease(checks, warm, &reserved, mono).await
         {
             for r in &reserved {
                 self.leases.roll_back(r, &checks[r.index], mono);
             }
             mono = self.over_limit.now();
-            reserved = self.reserve(checks, max, mono);
+            reserved = self.reserve(checks, warm, mono);
         }
         out.clear();
         if reserved.len() == checks.len() {
@@ -54,7 +59,7 @@ impl Store {
             }
             return Ok(reserved[0].at_ms);
         }
-        let (owned, extra) = self.rest(checks, max, &reserved, mono);
+        let (owned, extra) = self.rest(checks, max, warm, &reserved, mono);
         let rest: &[Check] = owned.as_deref().unwrap_or(checks);
         let mut decided = Decisions::new();
         let mut took = Took::new();
@@ -106,11 +111,11 @@ impl Store {
     async fn wait_for_lease(
         &self,
         checks: &[Check],
-        max: &[u64],
+        warm: FromLease,
         reserved: &[Reserved],
         mono: u64,
     ) -> bool {
-        let unpaid = |i: &usize| max[*i] > 1 && !reserved.iter().any(|r| r.index == *i);
+        let unpaid = |i: &usize| is(warm, *i) && !reserved.iter().any(|r| r.index == *i);
         let Some(arrived) = (0..checks.len())
             .filter(unpaid)
             .find_map(|i| self.leases.asking(&checks[i], mono))
@@ -131,11 +136,23 @@ impl Store {
         true
     }
 
-    /// Reserve each leasing check's cost from this gateway's lease, where it can pay.
-    fn reserve(&self, checks: &[Check], max: &[u64], mono: u64) -> SmallVec<[Reserved; 8]> {
+    /// Count the request for each check that leases (see [`super::lease::Leases::warm`]); the checks whose
+    /// callers may be warm enough to lease, as bits.
+    fn warm(&self, checks: &[Check], max: &[u64], mono: u64) -> FromLease {
+        let mut warm = 0;
+        for (i, c) in checks.iter().enumerate().take(64) {
+            if max[i] > 1 && !c.shadow && self.leases.warm(c, mono) {
+                warm |= 1 << i;
+            }
+        }
+        warm
+    }
+
+    /// Reserve each warm check's cost from this gateway's lease, where it can pay.
+    fn reserve(&self, checks: &[Check], warm: FromLease, mono: u64) -> SmallVec<[Reserved; 8]> {
         let mut reserved = SmallVec::new();
         for (i, c) in checks.iter().enumerate().take(64) {
-            if max[i] > 1 && !c.shadow {
+            if is(warm, i) {
                 if let Some(r) = self.leases.reserve(i, c, mono) {
                     reserved.push(r);
                 }
@@ -150,6 +167,7 @@ impl Store {
         &self,
         checks: &[Check],
         max: &[u64],
+        warm: FromLease,
         reserved: &[Reserved],
         mono: u64,
     ) -> (Option<Checks>, SmallVec<[u64; 8]>) {
@@ -157,9 +175,8 @@ impl Store {
         let mut extra: SmallVec<[u64; 8]> = SmallVec::new();
         for (i, c) in checks.iter().enumerate() {
             if !reserved.iter().any(|r| r.index == i) {
-                let lease = max.get(i).copied().unwrap_or(0);
-                extra.push(if lease > 1 && !c.shadow {
-                    self.leases.extra(c, lease, mono)
+                extra.push(if is(warm, i) {
+                    self.leases.extra(c, max[i], mono)
                 } else {
                     0
                 });
@@ -220,4 +237,9 @@ impl Store {
         self.leases.mark(inv);
         self.sweep_leases().await;
     }
+}
+
+/// Whether bit `i` of `bits` is set (never, past 64).
+fn is(bits: FromLease, i: usize) -> bool {
+    i < 64 && bits & (1 << i) != 0
 }
