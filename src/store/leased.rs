@@ -45,9 +45,7 @@ impl Store {
         let mut reserved = self.reserve(checks, warm, mono);
         if reserved.len() < checks.len() && self.wait_for_lease(checks, warm, &reserved, mono).await
         {
-            for r in &reserved {
-                self.leases.roll_back(r, &checks[r.index], mono);
-            }
+            self.roll_back(checks, &reserved, mono);
             mono = self.over_limit.now();
             reserved = self.reserve(checks, warm, mono);
         }
@@ -71,9 +69,7 @@ impl Store {
         let at = match result {
             Ok(at) => at,
             Err(e) => {
-                for r in &reserved {
-                    self.leases.roll_back(r, &checks[r.index], mono);
-                }
+                self.roll_back(checks, &reserved, mono);
                 return Err(e);
             }
         };
@@ -87,9 +83,7 @@ impl Store {
             .zip(&decided)
             .all(|(c, d)| d.allowed || c.shadow);
         if !admitted {
-            for r in &reserved {
-                self.leases.roll_back(r, &checks[r.index], mono);
-            }
+            self.roll_back(checks, &reserved, mono);
         }
         let mut from_redis = decided.iter();
         for i in 0..checks.len() {
@@ -104,6 +98,13 @@ impl Store {
             }
         }
         Ok(at)
+    }
+
+    /// Put every reserved unit back: the request was not admitted.
+    fn roll_back(&self, checks: &[Check], reserved: &[Reserved], mono: u64) {
+        for r in reserved {
+            self.leases.roll_back(r, &checks[r.index], mono);
+        }
     }
 
     /// When a lease call for one of the checks no lease paid is under way, wait for it
