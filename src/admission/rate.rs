@@ -53,20 +53,22 @@ pub(super) async fn check(
     // admissions, so the other limits need not be asked.
     let cache = store.over_limit();
     let cacheable = |c: &Check| !c.shadow && req.cfg.limit(c.id).over_limit_cache;
-    let sent = cache.now();
+    // The cache's clock is read only where it is on (never for the memory store).
+    let sent = if cache.enabled() { cache.now() } else { 0 };
     if let Some((i, decision, at)) = cache.lookup(&checks, sent, cacheable) {
         let id = checks[i].id;
         report.decide(id, false, false, Source::OverLimitCache, Some(1.0));
         return verdict(req, Some((id, decision)), at, None);
     }
     let mut decisions = Decisions::new();
-    // Limits that lease: the most units one store call may take for each check.
-    let lease: SmallVec<[u64; 8]> = checks
-        .iter()
-        .map(|c| req.cfg.limit(c.id).lease_max)
-        .collect();
     let mut from_lease: FromLease = 0;
-    let result = if lease.iter().any(|&m| m > 1) {
+    let leases = |c: &Check| req.cfg.limit(c.id).lease_max > 1;
+    let result = if store.leases().enabled() && checks.iter().any(leases) {
+        // Limits that lease: the most units one store call may take for each check.
+        let lease: SmallVec<[u64; 8]> = checks
+            .iter()
+            .map(|c| req.cfg.limit(c.id).lease_max)
+            .collect();
         store
             .check_leasing(&checks, &lease, now, &mut decisions, &mut from_lease)
             .await
