@@ -8,13 +8,20 @@
 # For each row: req/s, gateway user+system µs per request (/proc/PID/task/*/stat), EVALSHA
 # calls per request (INFO commandstats) and Redis CPU µs per request (INFO cpu), all deltas
 # over the same wrk run.
-#   base-*     with -B: the same loads on another build (before this work: plain Redis store)
+#   base-ROW   with -B: row ROW on another build (an older tree); which rows: -R "ROW ...",
+#              by default hot-redis abusive-cache spread-redis (Redis store, no leasing)
+#   -o "ROW ..." runs only those rows (and their base rows)
 # Usage: loadtest/lease.sh [-s SECONDS] [-c CONNECTIONS] [-r ROUNDS] [-b BINARY] [-B BASE_BINARY]
+#                          [-R "ROW ..."] [-o "ROW ..."]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-secs=8 conns=50 rounds=3 bin=target/release/tollgate base=
-while getopts s:c:r:b:B: o; do
-  case $o in s) secs=$OPTARG ;; c) conns=$OPTARG ;; r) rounds=$OPTARG ;; b) bin=$OPTARG ;; B) base=$OPTARG ;; *) exit 2 ;; esac
+secs=8 conns=50 rounds=3 bin=target/release/tollgate base= only=
+base_rows="hot-redis abusive-cache spread-redis"
+while getopts s:c:r:b:B:R:o: o; do
+  case $o in
+    s) secs=$OPTARG ;; c) conns=$OPTARG ;; r) rounds=$OPTARG ;; b) bin=$OPTARG ;; B) base=$OPTARG ;;
+    R) base_rows=$OPTARG ;; o) only=$OPTARG ;; *) exit 2 ;;
+  esac
 done
 for t in nginx wrk taskset python3 redis-server redis-cli; do
   command -v $t >/dev/null || { echo "needs $t: apt-get install -y nginx wrk util-linux python3 redis-server redis-tools" >&2; exit 1; }
@@ -45,11 +52,22 @@ order=(hot-memory hot-redis hot-lease abusive-nocache abusive-cache spread-redis
 declare -A binary
 for label in "${order[@]}"; do binary[$label]=$bin; done
 if [ -n "$base" ]; then
-  rows[base-hot]="$redis|$never|one"
-  rows[base-abusive]="$redis|$over|abuser"
-  rows[base-spread]="$redis|$never|spread"
-  for label in base-hot base-abusive base-spread; do binary[$label]=$base; done
-  order=(base-hot hot-memory hot-redis hot-lease base-abusive abusive-nocache abusive-cache base-spread spread-redis spread-lease)
+  # The base build runs the same rows as this one, labelled base-ROW, just before them.
+  with_base=()
+  for label in "${order[@]}"; do
+    if [[ " $base_rows " == *" $label "* ]]; then
+      rows[base-$label]=${rows[$label]}; binary[base-$label]=$base; with_base+=("base-$label")
+    fi
+    with_base+=("$label")
+  done
+  order=("${with_base[@]}")
+fi
+if [ -n "$only" ]; then
+  kept=()
+  for label in "${order[@]}"; do
+    [[ " $only " == *" ${label#base-} "* ]] && kept+=("$label")
+  done
+  order=("${kept[@]}")
 fi
 cat > "$dir/spread.lua" <<'LUA'
 local n = 0
