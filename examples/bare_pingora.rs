@@ -57,6 +57,12 @@ fn flag(args: &[String], names: &[&str]) -> Option<String> {
         .map(|w| w[1].clone())
 }
 
+/// The allocator, as a measured choice (`loadtest/RESULTS.md`): built with `--features
+/// mimalloc`, every allocation goes to mimalloc instead of glibc's malloc.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: bare_pingora -c CONFIG --listen ADDR --admin-listen ADDR";

@@ -168,6 +168,12 @@ fn quotas(args: QuotasArgs) -> ExitCode {
     }
 }
 
+/// The allocator, as a measured choice (`loadtest/RESULTS.md`): built with `--features
+/// mimalloc`, every allocation goes to mimalloc instead of glibc's malloc.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
