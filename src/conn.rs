@@ -371,17 +371,36 @@ impl Tracked {
     }
 
     /// Whether the deadline (ms since the origin) has passed; arms the timer that wakes the
-    /// read when it does.
+    /// read when it does. The timer is moved only when it would fire too late: every request
+    /// pushes the deadline later, and a timer that fires early (at an older deadline) is then
+    /// re-armed once, instead of being moved twice per request (a timer-wheel removal and
+    /// insertion each time).
     fn deadline_passed(&mut self, cx: &mut Context<'_>, deadline_ms: u64) -> bool {
-        let at = self.state.table.origin + Duration::from_millis(deadline_ms.saturating_sub(1));
-        let sleep = self
-            .sleep
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
-        if self.armed_for != deadline_ms {
-            sleep.as_mut().reset(at);
+        let origin = self.state.table.origin;
+        let at = |ms: u64| origin + Duration::from_millis(ms.saturating_sub(1));
+        let sleep = match &mut self.sleep {
+            Some(sleep) => sleep,
+            None => {
+                self.armed_for = deadline_ms;
+                self.sleep
+                    .insert(Box::pin(tokio::time::sleep_until(at(deadline_ms))))
+            }
+        };
+        if self.armed_for > deadline_ms {
+            sleep.as_mut().reset(at(deadline_ms));
             self.armed_for = deadline_ms;
         }
-        sleep.as_mut().poll(cx).is_ready()
+        loop {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            if self.armed_for == deadline_ms {
+                return true;
+            }
+            // Fired at an older, earlier deadline: wait for this one.
+            sleep.as_mut().reset(at(deadline_ms));
+            self.armed_for = deadline_ms;
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 //! Phase: every request. One config snapshot is taken at the start and used to the end, so a
 //! reload never changes a request half-way.
 
+use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
@@ -311,7 +312,8 @@ impl ProxyHttp for Gateway {
                 chain.push_str(", ");
             }
         }
-        chain.push_str(&peer.to_string());
+        // Written in place: no String of its own for the address.
+        let _ = write!(chain, "{peer}");
         upstream_request.insert_header("x-forwarded-for", chain)?;
         Ok(())
     }
