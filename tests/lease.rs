@@ -311,6 +311,42 @@ async fn a_reload_on_one_gateway_ends_the_leases_of_the_changed_limit_on_both() 
     assert_eq!(up.requests().await, admitted(&replies));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_paid_from_a_lease_but_denied_in_redis_consumes_neither_limit() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    // One route, two limits: a roomy one that leases and a tight one checked in Redis.
+    let yaml = format!(
+        "store: {{ backend: redis, url: \"{}\", key_prefix: mixed, timeout: 5s, on_error: deny }}\n{}\
+         routes:\n  - name: mixed\n    match: {{ path_prefix: / }}\n    upstream: backend\n    limits:\n\
+         \x20     - {{ name: roomy, algorithm: fixed_window, limit: 100000, window: 24h, lease: {{ max: 50 }} }}\n\
+         \x20     - {{ name: tight, algorithm: fixed_window, limit: 20, window: 24h }}\n",
+        redis.url(),
+        up.upstreams_yaml(),
+    );
+    let gw = Gateway::start(&yaml).await;
+    clear_of_window_boundary(DAY_S, 60).await;
+    let c = client();
+    let mut statuses = BTreeMap::new();
+    for _ in 0..100 {
+        let status = get(&c, &gw.url("/x"), &[]).await.status.as_u16();
+        *statuses.entry(status).or_insert(0) += 1;
+    }
+    assert_eq!(statuses, BTreeMap::from([(200, 20), (429, 80)]));
+    assert_eq!(up.requests().await, 20);
+    let m = gw.metrics().await;
+    let leased = m.sum(
+        "tollgate_decisions_total",
+        &[("limit", "roomy"), ("source", "lease")],
+    );
+    assert!(leased > 0.0, "no request was paid from a lease");
+    // The request `tight` refused had its `roomy` unit reserved from the lease: it went back
+    // to the lease, and the lease's unspent units to Redis when it ended.
+    tokio::time::sleep(LEASES_END).await;
+    assert_eq!(redis_count(&redis, "mixed", "roomy"), 20, "roomy consumed");
+    assert_eq!(redis_count(&redis, "mixed", "tight"), 20, "tight consumed");
+}
+
 /// Leases `gw` ended early, on an invalidation, so far.
 async fn ended_early(gw: &Gateway) -> f64 {
     gw.metrics()
