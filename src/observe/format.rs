@@ -13,6 +13,25 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::AccessLogFormat;
 
+/// A field's name, written out for either format: `,"name":` for JSON and ` name=` for text
+/// (the first field of a line drops the separator), so a key costs one copy. Made by [`key!`].
+#[derive(Debug, Clone, Copy)]
+pub struct Key {
+    pub json: &'static str,
+    pub text: &'static str,
+}
+
+/// The [`Key`] of the field named by a string literal.
+macro_rules! key {
+    ($name:literal) => {
+        $crate::observe::format::Key {
+            json: concat!(",\"", $name, "\":"),
+            text: concat!(" ", $name, "="),
+        }
+    };
+}
+pub(crate) use key;
+
 /// One field's value.
 #[derive(Debug, Clone, Copy)]
 pub enum Value<'a> {
@@ -31,38 +50,39 @@ pub enum Value<'a> {
     Addr(SocketAddr),
     /// RFC 3339, UTC, milliseconds.
     Time(SystemTime),
-    /// `<16 hex digits>-<hex>`: a request id made by the gateway.
-    MadeId(u64, u64),
+    /// `<16 hex digits>-<hex>`: a request id made by the gateway, as its [`id_prefix`] (the
+    /// process's) and its number.
+    MadeId(&'a [u8; 17], u64),
 }
 
 /// Write `fields` as one line in `format`, with its newline.
-pub fn line(out: &mut Vec<u8>, format: AccessLogFormat, fields: &[(&str, Value<'_>)]) {
+pub fn line(out: &mut Vec<u8>, format: AccessLogFormat, fields: &[(Key, Value<'_>)]) {
     match format {
         AccessLogFormat::Json => {
             out.push(b'{');
             for (i, (key, v)) in fields.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.push(b'"');
-                out.extend_from_slice(key.as_bytes());
-                out.extend_from_slice(b"\":");
+                out.extend_from_slice(&key.json.as_bytes()[usize::from(i == 0)..]);
                 json(out, v);
             }
             out.extend_from_slice(b"}\n");
         }
         AccessLogFormat::Text => {
             for (i, (key, v)) in fields.iter().enumerate() {
-                if i > 0 {
-                    out.push(b' ');
-                }
-                out.extend_from_slice(key.as_bytes());
-                out.push(b'=');
+                out.extend_from_slice(&key.text.as_bytes()[usize::from(i == 0)..]);
                 text(out, v);
             }
             out.push(b'\n');
         }
     }
+}
+
+/// The first part of every request id this process makes: `instance` in 16 hex digits, `-`.
+pub fn id_prefix(instance: u64) -> [u8; 17] {
+    let mut prefix = [b'-'; 17];
+    let mut hex = Vec::with_capacity(16);
+    push_hex(&mut hex, instance, 16);
+    prefix[..16].copy_from_slice(&hex);
+    prefix
 }
 
 fn json(o: &mut Vec<u8>, v: &Value<'_>) {
@@ -114,9 +134,8 @@ fn plain_value(o: &mut Vec<u8>, v: &Value<'_>) {
             let _ = write!(o, "{a}");
         }
         Value::Time(t) => push_time(o, t),
-        Value::MadeId(instance, n) => {
-            push_hex(o, instance, 16);
-            o.push(b'-');
+        Value::MadeId(prefix, n) => {
+            o.extend_from_slice(prefix);
             push_hex(o, n, 1);
         }
         Value::None | Value::Str(_) | Value::Tagged(..) | Value::Num(_) | Value::Micros(_) => {
@@ -186,10 +205,14 @@ pub fn push_u64(o: &mut Vec<u8>, mut n: u64) {
 /// `n` in lowercase hex, at least `width` digits.
 pub fn push_hex(o: &mut Vec<u8>, n: u64, width: usize) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digits = (16 - n.leading_zeros() as usize / 4).max(width).max(1);
-    for i in (0..digits).rev() {
-        o.push(HEX[((n >> (4 * i)) & 0xf) as usize]);
+    let digits = (16 - n.leading_zeros() as usize / 4)
+        .max(width)
+        .clamp(1, 16);
+    let mut buf = [0u8; 16];
+    for (i, b) in buf[..digits].iter_mut().enumerate() {
+        *b = HEX[((n >> (4 * (digits - 1 - i))) & 0xf) as usize];
     }
+    o.extend_from_slice(&buf[..digits]);
 }
 
 fn push_micros(o: &mut Vec<u8>, us: u64) {
@@ -206,12 +229,25 @@ fn push_micros(o: &mut Vec<u8>, us: u64) {
 fn push_ip(o: &mut Vec<u8>, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
+            // Into a buffer first: one copy into the line, not one per octet.
+            let (mut buf, mut len) = ([0u8; 15], 0);
+            let mut put = |c: u8| {
+                buf[len] = c;
+                len += 1;
+            };
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    o.push(b'.');
+                    put(b'.');
                 }
-                push_u64(o, u64::from(octet));
+                if octet >= 100 {
+                    put(b'0' + octet / 100);
+                }
+                if octet >= 10 {
+                    put(b'0' + octet / 10 % 10);
+                }
+                put(b'0' + octet % 10);
             }
+            o.extend_from_slice(&buf[..len]);
         }
         IpAddr::V6(v6) => {
             let _ = write!(o, "{v6}");
@@ -251,7 +287,7 @@ fn push_time(o: &mut Vec<u8>, t: SystemTime) {
 mod tests {
     use super::*;
 
-    fn both(fields: &[(&str, Value<'_>)]) -> (String, String) {
+    fn both(fields: &[(Key, Value<'_>)]) -> (String, String) {
         let (mut j, mut t) = (Vec::new(), Vec::new());
         line(&mut j, AccessLogFormat::Json, fields);
         line(&mut t, AccessLogFormat::Text, fields);
@@ -261,18 +297,19 @@ mod tests {
     #[test]
     fn json_and_text_of_every_kind_of_value() {
         let t = UNIX_EPOCH + std::time::Duration::from_millis(1_795_470_237_148);
+        let prefix = id_prefix(0xa5d4_48fd_0359_e0a2);
         let (json, text) = both(&[
-            ("time", Value::Time(t)),
-            ("id", Value::MadeId(0xa5d4_48fd_0359_e0a2, 0xf)),
-            ("ip", Value::Ip("10.0.0.255".parse().unwrap())),
-            ("v6", Value::Ip("2001:db8::1".parse().unwrap())),
-            ("up", Value::Addr("127.0.0.1:9000".parse().unwrap())),
-            ("ua", Value::Str("a \"b\"\u{1}")),
-            ("caller", Value::Tagged("user:", "al ice")),
-            ("route", Value::Safe("default")),
-            ("status", Value::Num(200)),
-            ("ms", Value::Micros(1_005)),
-            ("limit", Value::None),
+            (key!("time"), Value::Time(t)),
+            (key!("id"), Value::MadeId(&prefix, 0xf)),
+            (key!("ip"), Value::Ip("10.0.0.255".parse().unwrap())),
+            (key!("v6"), Value::Ip("2001:db8::1".parse().unwrap())),
+            (key!("up"), Value::Addr("127.0.0.1:9000".parse().unwrap())),
+            (key!("ua"), Value::Str("a \"b\"\u{1}")),
+            (key!("caller"), Value::Tagged("user:", "al ice")),
+            (key!("route"), Value::Safe("default")),
+            (key!("status"), Value::Num(200)),
+            (key!("ms"), Value::Micros(1_005)),
+            (key!("limit"), Value::None),
         ]);
         let v: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
         assert_eq!(v["time"], "2026-11-23T21:43:57.148Z");
@@ -297,5 +334,24 @@ mod tests {
             text,
             "time=2026-11-23T21:43:57.148Z id=a5d448fd0359e0a2-f ip=10.0.0.255 v6=2001:db8::1 up=127.0.0.1:9000 ua=\"a \\\"b\\\"?\" caller=\"user:al ice\" route=default status=200 ms=1.005 limit=-\n"
         );
+    }
+
+    #[test]
+    fn ipv4_octets_of_every_width_and_hex_of_every_length() {
+        for ip in ["0.0.0.0", "100.9.10.255", "255.255.255.255", "1.20.199.7"] {
+            let mut o = Vec::new();
+            push_ip(&mut o, ip.parse().unwrap());
+            assert_eq!(o, ip.as_bytes());
+        }
+        for (n, width, hex) in [
+            (0, 1, "0"),
+            (0xf, 2, "0f"),
+            (u64::MAX, 1, "ffffffffffffffff"),
+        ] {
+            let mut o = Vec::new();
+            push_hex(&mut o, n, width);
+            assert_eq!(o, hex.as_bytes());
+        }
+        assert_eq!(&id_prefix(1), b"0000000000000001-");
     }
 }

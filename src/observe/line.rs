@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use pingora_proxy::Session;
 
-use super::format::{self, Value};
+use super::format::{self, key, Value};
 use super::{api_key, Observer, Record, Verdict, REQUEST_ID_NAME};
 use crate::config::{AccessLogFormat, Config, RouteId};
 use crate::fingerprint::{fingerprint, Fingerprint};
@@ -86,7 +86,14 @@ fn find_jwt(s: &str) -> Option<(usize, usize)> {
     let is_b64 = |c: u8| c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'.';
     let b = s.as_bytes();
     let mut from = 0;
-    while let Some(i) = s[from..].find("eyJ").map(|i| i + from) {
+    // A byte scan: most strings here are short, and `str::find` prepares a searcher first.
+    let start = |from: usize| {
+        b[from..]
+            .windows(3)
+            .position(|w| w == b"eyJ")
+            .map(|i| i + from)
+    };
+    while let Some(i) = start(from) {
         let end = b[i..]
             .iter()
             .position(|&c| !is_b64(c))
@@ -182,7 +189,7 @@ impl Observer {
         let started = SystemTime::now().checked_sub(took);
         let request_id = match (&client_id, rec.generated_id) {
             (Some(id), _) => Value::Str(id),
-            (None, n) => Value::MadeId(self.instance, n.unwrap_or_default()),
+            (None, n) => Value::MadeId(&self.id_prefix, n.unwrap_or_default()),
         };
         let caller = match (&fp, &user) {
             (Some(fp), _) => Value::Safe(fp.as_str()),
@@ -194,28 +201,40 @@ impl Observer {
             out,
             format,
             &[
-                ("time", Value::Time(started.unwrap_or_else(SystemTime::now))),
-                ("request_id", request_id),
                 (
-                    "client_ip",
+                    key!("time"),
+                    Value::Time(started.unwrap_or_else(SystemTime::now)),
+                ),
+                (key!("request_id"), request_id),
+                (
+                    key!("client_ip"),
                     rec.client_ip.or(peer).map_or(Value::None, Value::Ip),
                 ),
-                ("caller", caller),
-                ("method", Value::Safe(req.method.as_str())),
-                ("path", Value::Str(&path)),
-                ("route", safe(route.map(|r| &*cfg.routes[r].name))),
-                ("status", Value::Num(u64::from(status))),
-                ("limit", safe(limit)),
-                ("outcome", safe(outcome)),
-                ("degraded", safe(rec.degraded.map(|d| d.as_str()))),
-                ("class", safe(rec.class.map(|c| c.as_str()))),
-                ("upstream", rec.upstream.map_or(Value::None, Value::Addr)),
-                ("upstream_ms", upstream_time.unwrap_or(Value::None)),
-                ("duration_ms", Value::Micros(micros(took))),
-                ("bytes_in", Value::Num(session.body_bytes_read() as u64)),
-                ("bytes_out", Value::Num(session.body_bytes_sent() as u64)),
+                (key!("caller"), caller),
+                (key!("method"), Value::Safe(req.method.as_str())),
+                (key!("path"), Value::Str(&path)),
+                (key!("route"), safe(route.map(|r| &*cfg.routes[r].name))),
+                (key!("status"), Value::Num(u64::from(status))),
+                (key!("limit"), safe(limit)),
+                (key!("outcome"), safe(outcome)),
+                (key!("degraded"), safe(rec.degraded.map(|d| d.as_str()))),
+                (key!("class"), safe(rec.class.map(|c| c.as_str()))),
                 (
-                    "user_agent",
+                    key!("upstream"),
+                    rec.upstream.map_or(Value::None, Value::Addr),
+                ),
+                (key!("upstream_ms"), upstream_time.unwrap_or(Value::None)),
+                (key!("duration_ms"), Value::Micros(micros(took))),
+                (
+                    key!("bytes_in"),
+                    Value::Num(session.body_bytes_read() as u64),
+                ),
+                (
+                    key!("bytes_out"),
+                    Value::Num(session.body_bytes_sent() as u64),
+                ),
+                (
+                    key!("user_agent"),
                     user_agent.as_deref().map_or(Value::None, Value::Str),
                 ),
             ],

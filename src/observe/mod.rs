@@ -95,8 +95,7 @@ impl Record {
     pub fn generated_id(&self, observer: &Observer) -> Option<http::HeaderValue> {
         let n = self.generated_id?;
         let mut id = Vec::with_capacity(33);
-        format::push_hex(&mut id, observer.instance, 16);
-        id.push(b'-');
+        id.extend_from_slice(&observer.id_prefix);
         format::push_hex(&mut id, n, 1);
         http::HeaderValue::from_maybe_shared(bytes::Bytes::from(id)).ok()
     }
@@ -116,8 +115,9 @@ pub struct Observer {
     shedder: Arc<Shedder>,
     log: AccessLog,
     logging: ArcSwap<Logging>,
-    /// This process among all gateways, and the requests numbered so far, for request ids.
-    instance: u64,
+    /// This process among all gateways (as the start of every request id it makes), and the
+    /// requests numbered so far, for request ids.
+    id_prefix: [u8; 17],
     requests: AtomicU64,
     /// Requests considered for the access log, for sampling.
     considered: AtomicU64,
@@ -148,7 +148,7 @@ impl Observer {
             store,
             shedder,
             log,
-            instance: crate::store::instance_id(),
+            id_prefix: format::id_prefix(crate::store::instance_id()),
             requests: AtomicU64::new(0),
             considered: AtomicU64::new(0),
             quotas: None,
