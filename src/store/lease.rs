@@ -21,8 +21,10 @@
 //! Size: `extra` follows how many requests of the caller this gateway saw in the previous
 //! period of [`PERIOD_MS`]: none for a caller seen fewer than twice (exactly one call per
 //! request, as without leasing), up to `lease.max` for a hot one. A caller enters the table
-//! only once [`heat`] finds it seen twice in a period: a cold one costs no table entry, lock
-//! or allocation, and its requests take exactly the path they take without leasing.
+//! only once [`heat`] finds it seen twice in a period (the table's own count starts there, so
+//! its first lease comes with its third request at the soonest): a cold one costs no table
+//! entry, lock or allocation, and its requests take exactly the path they take without
+//! leasing.
 //!
 //! Bounded: LRU shards of at most the over-limit cache's `max_entries` in all; an evicted lease
 //! is given back.
