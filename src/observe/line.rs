@@ -197,19 +197,16 @@ impl Observer {
             (None, None) => Value::None,
         };
         let upstream_time = rec.upstream_time.map(|t| Value::Micros(micros(t)));
+        let time = Value::Time(started.unwrap_or_else(SystemTime::now));
+        let client_ip = rec.client_ip.or(peer).map_or(Value::None, Value::Ip);
+        let upstream = rec.upstream.map_or(Value::None, Value::Addr);
         format::line(
             out,
             format,
             &[
-                (
-                    key!("time"),
-                    Value::Time(started.unwrap_or_else(SystemTime::now)),
-                ),
+                (key!("time"), time),
                 (key!("request_id"), request_id),
-                (
-                    key!("client_ip"),
-                    rec.client_ip.or(peer).map_or(Value::None, Value::Ip),
-                ),
+                (key!("client_ip"), client_ip),
                 (key!("caller"), caller),
                 (key!("method"), Value::Safe(req.method.as_str())),
                 (key!("path"), Value::Str(&path)),
@@ -219,10 +216,7 @@ impl Observer {
                 (key!("outcome"), safe(outcome)),
                 (key!("degraded"), safe(rec.degraded.map(|d| d.as_str()))),
                 (key!("class"), safe(rec.class.map(|c| c.as_str()))),
-                (
-                    key!("upstream"),
-                    rec.upstream.map_or(Value::None, Value::Addr),
-                ),
+                (key!("upstream"), upstream),
                 (key!("upstream_ms"), upstream_time.unwrap_or(Value::None)),
                 (key!("duration_ms"), Value::Micros(micros(took))),
                 (
