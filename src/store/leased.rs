@@ -137,8 +137,8 @@ impl Store {
         true
     }
 
-    /// Count the request for each check that leases (see [`super::lease::Leases::warm`]); the checks whose
-    /// callers may be warm enough to lease, as bits.
+    /// Count the request for each check that leases (see [`super::lease::Leases::warm`]);
+    /// the checks whose callers may be warm enough to lease, as bits.
     fn warm(&self, checks: &[Check], max: &[u64], mono: u64) -> FromLease {
         let mut warm = 0;
         for (i, c) in checks.iter().enumerate().take(64) {
