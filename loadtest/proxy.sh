@@ -139,7 +139,7 @@ if command -v oha >/dev/null; then
   echo "| proxy at $rate req/s | p50 ms | p99 ms | p99.9 ms |"
   echo "|---|---|---|---|"
   for row in "${active[@]}"; do
-    taskset -c 1 oha -z "${secs}s" -q "$rate" -c "$conns" --latency-correction --disable-keepalive=false --no-tui \
+    taskset -c 1 oha -z "${secs}s" -q "$rate" -c "$conns" --latency-correction --no-tui \
       --output-format json "http://127.0.0.1:${port[$row]}/" > "$dir/oha.json" 2>/dev/null
     python3 - "$dir/oha.json" "$row" <<'PY'
 import json, sys
