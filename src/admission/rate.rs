@@ -11,7 +11,7 @@ use crate::config::LimitId;
 use crate::limit::Decision;
 use crate::refusal::Refusal;
 use crate::store::lease::lease_ttl;
-use crate::store::{Check, Checks, Decisions, FromLease, Store};
+use crate::store::{bit_set, Check, Checks, Decisions, FromLease, Store};
 use smallvec::SmallVec;
 
 impl Request<'_> {
@@ -108,7 +108,7 @@ fn most_restrictive(
 ) -> Option<(LimitId, Decision)> {
     let mut decisive: Option<(LimitId, Decision)> = None;
     for (i, (c, d)) in checks.iter().zip(decisions).enumerate() {
-        let source = if i < 64 && from_lease & (1 << i) != 0 {
+        let source = if bit_set(from_lease, i) {
             Source::Lease
         } else {
             source

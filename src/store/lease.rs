@@ -166,6 +166,14 @@ impl Leases {
         &self.shards[usize::from(key.0[2]) & (SHARDS - 1)]
     }
 
+    /// Count `e` among the leases ended early when it is `running` (an invalidation or a quota
+    /// change ends it before its time) and still holds units.
+    fn count_early(&self, e: &Entry, running: bool) {
+        if running && e.balance > 0 {
+            self.stats.ended_early.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn end(&self, key: CounterKey, e: &mut Entry) {
         if e.balance > 0 {
             self.ended.lock().push(Ended {
@@ -220,9 +228,7 @@ impl Leases {
         }
         e.seen += 1;
         if e.quota != c.quota || now >= e.until {
-            if e.quota != c.quota && e.balance > 0 && now < e.until {
-                self.stats.ended_early.fetch_add(1, Ordering::Relaxed);
-            }
+            self.count_early(e, e.quota != c.quota && now < e.until);
             self.end(c.key, e);
             e.quota = c.quota;
             return None;
@@ -387,8 +393,8 @@ impl Leases {
             Invalidation::Keys(keys) => {
                 for k in keys {
                     if let Some(s) = self.shards.get(usize::from(k.0[2]) & (SHARDS - 1)) {
-                        if s.lock().pop(k).is_some_and(|e| e.balance > 0) {
-                            self.stats.ended_early.fetch_add(1, Ordering::Relaxed);
+                        if let Some(e) = s.lock().pop(k) {
+                            self.count_early(&e, true);
                         }
                     }
                 }
@@ -404,9 +410,7 @@ impl Leases {
             let mut shard = s.lock();
             for (k, e) in shard.iter_mut() {
                 let marked = all || names.iter().any(|n| **n == *e.name);
-                if marked && e.balance > 0 && now < e.until {
-                    self.stats.ended_early.fetch_add(1, Ordering::Relaxed);
-                }
+                self.count_early(e, marked && now < e.until);
                 if marked {
                     e.until = e.until.min(now);
                 }

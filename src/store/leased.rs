@@ -116,7 +116,7 @@ impl Store {
         reserved: &[Reserved],
         mono: u64,
     ) -> bool {
-        let unpaid = |i: &usize| is(warm, *i) && !reserved.iter().any(|r| r.index == *i);
+        let unpaid = |i: &usize| bit_set(warm, *i) && !reserved.iter().any(|r| r.index == *i);
         let Some(arrived) = (0..checks.len())
             .filter(unpaid)
             .find_map(|i| self.leases.asking(&checks[i], mono))
@@ -153,7 +153,7 @@ impl Store {
     fn reserve(&self, checks: &[Check], warm: FromLease, mono: u64) -> SmallVec<[Reserved; 8]> {
         let mut reserved = SmallVec::new();
         for (i, c) in checks.iter().enumerate().take(64) {
-            if is(warm, i) {
+            if bit_set(warm, i) {
                 if let Some(r) = self.leases.reserve(i, c, mono) {
                     reserved.push(r);
                 }
@@ -176,7 +176,7 @@ impl Store {
         let mut extra: SmallVec<[u64; 8]> = SmallVec::new();
         for (i, c) in checks.iter().enumerate() {
             if !reserved.iter().any(|r| r.index == i) {
-                extra.push(if is(warm, i) {
+                extra.push(if bit_set(warm, i) {
                     self.leases.extra(c, max[i], mono)
                 } else {
                     0
@@ -241,6 +241,6 @@ impl Store {
 }
 
 /// Whether bit `i` of `bits` is set (never, past 64).
-fn is(bits: FromLease, i: usize) -> bool {
+pub fn bit_set(bits: FromLease, i: usize) -> bool {
     i < 64 && bits & (1 << i) != 0
 }

@@ -36,7 +36,7 @@ use crate::limit::{Decision, Quota};
 pub use self::redis::RedisStore;
 pub use key::CounterKey;
 pub use lease::Leases;
-pub use leased::FromLease;
+pub use leased::{bit_set, FromLease};
 pub use memory::MemoryStore;
 pub use over_limit::{Invalidation, OverLimitCache};
 pub use slots::{HeldSlots, InUse, MemorySlots, SlotStats};
