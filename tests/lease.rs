@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::clock::{clear_of_window_boundary, now_ms};
+use common::faults::faketime_env;
 use common::gateway::Gateway;
 use common::http::{client, get};
 use common::load::{by_status, Load, Reply};
@@ -345,6 +346,32 @@ async fn a_request_paid_from_a_lease_but_denied_in_redis_consumes_neither_limit(
     tokio::time::sleep(LEASES_END).await;
     assert_eq!(redis_count(&redis, "mixed", "roomy"), 20, "roomy consumed");
     assert_eq!(redis_count(&redis, "mixed", "tight"), 20, "tight consumed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leasing_gateway_ten_minutes_ahead_keeps_the_fleet_exact() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let yaml = config(&redis, &up, "lease-skew", (1000, "24h", 50));
+    let a = Gateway::start_named("A (true clock)", &yaml, &[], &[]).await;
+    let skew = faketime_env("+10m");
+    let b = Gateway::start_named("B (+10 min)", &yaml, &[], &skew).await;
+    clear_of_window_boundary(DAY_S, 60).await;
+    // Redis is the clock: B's lease is timed on its monotonic clock, its window on Redis's.
+    let path = "/fixed_window/x";
+    let replies = Load::across(&[a.url(path), b.url(path)])
+        .conns(200)
+        .run(50)
+        .await;
+    assert_only_200_and_429("skew", &replies);
+    let n = admitted(&replies);
+    assert!((900..=1000).contains(&n), "{n} admitted");
+    assert_eq!(up.requests().await, n);
+    tokio::time::sleep(LEASES_END).await;
+    assert_eq!(redis_count(&redis, "lease-skew", "lease-fixed_window"), n);
+    let m = b.metrics().await;
+    let taken = m.value("tollgate_leases_total", &[("event", "taken")]);
+    assert!(taken > 0.0, "B took no lease");
 }
 
 /// Leases `gw` ended early, on an invalidation, so far.
