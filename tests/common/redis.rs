@@ -166,9 +166,19 @@ impl RedisServer {
     }
 
     /// Whether this server is a replica whose link to its master is up (its first sync done).
+    /// A server that cannot answer right now (it closes its clients while its role changes)
+    /// is not synced yet: meant for polling.
     pub fn replica_synced(&self) -> bool {
-        self.cli(&["INFO", "replication"])
-            .contains("master_link_status:up")
+        try_cli(self.port, &["INFO", "replication"])
+            .is_ok_and(|info| info.contains("master_link_status:up"))
+    }
+
+    /// Whether `ROLE` names this server's role as `role` (`master`, `slave`). A server that
+    /// cannot answer right now is not in that role yet: when Sentinel demotes a master it
+    /// closes the server's client connections, so a poll can see "Server closed the
+    /// connection" mid-failover.
+    pub fn has_role(&self, role: &str) -> bool {
+        try_cli(self.port, &["ROLE"]).is_ok_and(|out| out.starts_with(role))
     }
 }
 
