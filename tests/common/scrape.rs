@@ -16,6 +16,13 @@ pub struct Metrics {
     pub scrape: Scrape,
 }
 
+/// A scrape shows as its text (in a wait's "last value").
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 impl Metrics {
     /// Parse `text`; every sample line must parse (the parser skips what it cannot read, so
     /// the lines are counted against the samples).

@@ -37,7 +37,18 @@ async fn decision_counters_move_by_exactly_the_requests_sent_and_denied() {
     }
     assert_eq!(statuses, [200, 200, 200, 200, 200, 200, 200, 429, 429, 429]);
 
-    let m = gw.metrics().await;
+    // A request's duration and response class are counted in its logging phase, which runs
+    // after the client has its answer: the scrape waits for the tenth (never more than ten).
+    let route = [("route", "default")];
+    let m = eventually(
+        "the tenth request's logging phase is counted",
+        Duration::from_secs(5),
+    )
+    .holds_on(
+        || gw.metrics(),
+        |m| m.histogram_count("tollgate_request_duration_seconds", &route) >= 10.0,
+    )
+    .await;
     assert_eq!(m.value(DECISIONS, &per_ip("allow")), 7.0);
     assert_eq!(m.value(DECISIONS, &per_ip("deny")), 3.0);
     assert_eq!(m.value(DECISIONS, &per_ip("shadow_deny")), 0.0);
@@ -45,7 +56,6 @@ async fn decision_counters_move_by_exactly_the_requests_sent_and_denied() {
         m.histogram_count("tollgate_check_duration_seconds", &[]),
         10.0
     );
-    let route = [("route", "default")];
     assert_eq!(
         m.histogram_count("tollgate_request_duration_seconds", &route),
         10.0
