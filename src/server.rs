@@ -247,6 +247,15 @@ fn log_start(cfg: &crate::config::Config, max_connections: usize, upgrade: bool)
         upgrade,
         "tollgate starting"
     );
+    if !s.admin_listen.ip().is_loopback() && cfg.admin.token_hash.is_none() {
+        tracing::warn!(
+            admin = %s.admin_listen,
+            "the admin listener is not on loopback and no admin token is set: /healthz, /readyz \
+             and /metrics are open to anyone who reaches it, and /stats, /top, the live page and \
+             /admin/v1 answer 403; set admin.token_env to the name of an environment variable \
+             holding a token"
+        );
+    }
 }
 
 /// Run the demo upstream until stopped.

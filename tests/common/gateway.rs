@@ -2,7 +2,7 @@
 //! listeners on free loopback ports, and what the tests read from its admin listener
 //! (`/readyz`, `/stats`) and its log.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -65,11 +65,21 @@ impl Gateway {
         yaml: &str,
         env: &[(&str, &str)],
     ) -> Gateway {
-        Gateway::launch_under(wrapper, format!("gateway {name}"), yaml, &[], env).await
+        let name = format!("gateway {name}");
+        Gateway::launch_under(wrapper, name, yaml, &[], env, Ipv4Addr::LOCALHOST.into()).await
+    }
+
+    /// [`Gateway::start_with_env`] with the admin listener bound to every interface
+    /// (`0.0.0.0:PORT`, as the image binds it); [`Gateway::admin`] still names it on loopback,
+    /// where the tests reach it.
+    pub async fn start_admin_on_every_interface(yaml: &str, env: &[(&str, &str)]) -> Gateway {
+        let any = Ipv4Addr::UNSPECIFIED.into();
+        Gateway::launch_under(&[], "gateway".into(), yaml, &[], env, any).await
     }
 
     async fn launch(name: String, yaml: &str, extra: &[&str], env: &[(&str, &str)]) -> Gateway {
-        Gateway::launch_under(&[], name, yaml, extra, env).await
+        let local = Ipv4Addr::LOCALHOST.into();
+        Gateway::launch_under(&[], name, yaml, extra, env, local).await
     }
 
     async fn launch_under(
@@ -78,6 +88,7 @@ impl Gateway {
         yaml: &str,
         extra: &[&str],
         env: &[(&str, &str)],
+        admin_ip: IpAddr,
     ) -> Gateway {
         let client = client_builder()
             .timeout(Duration::from_secs(2))
@@ -94,7 +105,7 @@ impl Gateway {
                 "--listen".into(),
                 listen.to_string(),
                 "--admin-listen".into(),
-                admin.to_string(),
+                SocketAddr::new(admin_ip, admin.port()).to_string(),
             ];
             args.extend(extra.iter().map(|a| a.to_string()));
             let mut proc = Proc::tollgate_under(wrapper, name, &args, env);

@@ -84,3 +84,46 @@ async fn the_admin_token_guards_the_pages_that_show_callers() {
     assert_eq!(wrong.status.as_u16(), 403);
     assert!(!gw.output().contains(token), "the token is never logged");
 }
+
+/// The image binds the admin listener to `0.0.0.0` so the balancer, Prometheus and the kubelet
+/// reach it. Without an admin token, the gateway says so at start, `/healthz`, `/readyz` and
+/// `/metrics` stay open, and every page that shows callers (and the admin API) is 403.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_admin_listener_off_loopback_without_a_token_warns_and_opens_only_the_probes() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start_admin_on_every_interface(&crate::config(&up, ""), &[]).await;
+    let warning = "the admin listener is not on loopback and no admin token is set";
+    let line = gw
+        .output()
+        .lines()
+        .find(|l| l.contains(warning))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no start-up warning in:\n{}", gw.output()));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("admin.token_env"), "{line}");
+    for open in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(gw.admin_get(open, &[]).await.status.as_u16(), 200, "{open}");
+    }
+    for guarded in ["/stats", "/top", "/", "/admin/v1/quotas"] {
+        let r = gw.admin_get(guarded, &[]).await;
+        assert_eq!(r.status.as_u16(), 403, "{guarded}: {}", r.text());
+        assert_eq!(
+            r.header("content-type"),
+            "application/problem+json",
+            "{guarded}"
+        );
+        let body: Value = r.json();
+        assert_eq!(body["status"], 403, "{guarded}");
+    }
+
+    // On loopback (the default) without a token: no warning, and the pages are served.
+    let local = Gateway::start(&crate::config(&up, "")).await;
+    assert!(!local.output().contains(warning), "{}", local.output());
+    for page in ["/stats", "/top", "/"] {
+        assert_eq!(
+            local.admin_get(page, &[]).await.status.as_u16(),
+            200,
+            "{page}"
+        );
+    }
+}
