@@ -254,6 +254,118 @@ fn compose_gateways_balancer_and_config_agree() {
     }
 }
 
+/// The container path a compose service mounts `source` (relative to `docker/`) at.
+fn mount_target(service: &Value, source: &str) -> String {
+    service["volumes"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .map(|m| str_of(m, "volume").split(':').collect::<Vec<_>>())
+        .find(|parts| parts[0] == source)
+        .map(|parts| parts[1].to_string())
+        .unwrap_or_else(|| panic!("no volume from {source} in {service:?}"))
+}
+
+/// Every file or folder a compose service mounts from this repo exists (compose would
+/// otherwise create an empty directory in its place and the service would start without it).
+#[test]
+fn every_compose_mount_source_exists() {
+    let compose = yaml("docker/compose.yaml");
+    let services = compose["services"].as_mapping().expect("services");
+    let mut checked = 0;
+    for (name, service) in services {
+        for source in mount_sources(service) {
+            let Some(rel) = source.strip_prefix("./") else {
+                continue;
+            };
+            let path = repo().join("docker").join(rel);
+            assert!(
+                path.exists(),
+                "service {}: mount source {source} ({}) does not exist",
+                str_of(name, "service"),
+                path.display()
+            );
+            checked += 1;
+        }
+    }
+    // gateway.yaml twice, haproxy.cfg, prometheus.yml, alerts.yml, Grafana's two folders.
+    assert_eq!(checked, 7);
+}
+
+/// Compose's Prometheus scrapes both gateways' admin listeners and loads the alert rules where
+/// compose mounts them (`promtool check config`, with the rules file at that path); Grafana's
+/// data source is that Prometheus and its dashboard provider reads the folder compose mounts
+/// the dashboard into.
+#[test]
+fn compose_prometheus_and_grafana_are_wired_to_the_gateways_and_the_dashboard() {
+    let compose = yaml("docker/compose.yaml");
+    let services = &compose["services"];
+    let prometheus = yaml("docker/prometheus/prometheus.yml");
+    let mut targets: Vec<String> = prometheus["scrape_configs"][0]["static_configs"][0]["targets"]
+        .as_sequence()
+        .expect("targets")
+        .iter()
+        .map(|t| str_of(t, "target").to_string())
+        .collect();
+    targets.sort();
+    let admin_port = |n: u8| {
+        let env = compose_env(&services[format!("gateway-{n}").as_str()]);
+        fleet_config(&env).startup.server.admin_listen.port()
+    };
+    assert_eq!(
+        targets,
+        vec![
+            format!("gateway-1:{}", admin_port(1)),
+            format!("gateway-2:{}", admin_port(2))
+        ]
+    );
+    let rules_at = mount_target(&services["prometheus"], "./prometheus/alerts.yml");
+    assert_eq!(
+        prometheus["rule_files"].as_sequence().expect("rule_files"),
+        &vec![Value::String(rules_at.clone())]
+    );
+    // promtool reads rule files from the file system: the same config, with the rules where
+    // compose puts them replaced by the repo's copy.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let local = read("docker/prometheus/prometheus.yml").replace(
+        &rules_at,
+        &repo()
+            .join("docker/prometheus/alerts.yml")
+            .display()
+            .to_string(),
+    );
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(&config, local).expect("write");
+    let (ok, out) =
+        common::scrape::promtool(&["check", "config", &config.display().to_string()], "");
+    assert!(ok, "promtool check config: {out}");
+    assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
+
+    let datasource = yaml("docker/grafana/provisioning/datasources/prometheus.yaml");
+    let ds = &datasource["datasources"][0];
+    assert_eq!(ds["type"], "prometheus");
+    assert_eq!(ds["isDefault"], true);
+    let published = str_of(&services["prometheus"]["ports"][0], "port");
+    let port = published.rsplit(':').next().expect("a port");
+    assert_eq!(ds["url"], format!("http://prometheus:{port}").as_str());
+    let provider = yaml("docker/grafana/provisioning/dashboards/tollgate.yaml");
+    let dashboards_at = mount_target(&services["grafana"], "./grafana/dashboards");
+    assert_eq!(
+        str_of(&provider["providers"][0]["options"]["path"], "path"),
+        dashboards_at
+    );
+    assert_eq!(
+        mount_target(&services["grafana"], "./grafana/provisioning"),
+        "/etc/grafana/provisioning"
+    );
+    // The dashboard picks its data source through a variable of type prometheus, which the
+    // provisioned default data source fills.
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("docker/grafana/dashboards/tollgate.json")).expect("json");
+    assert_eq!(dashboard["templating"]["list"][0]["type"], "datasource");
+    assert_eq!(dashboard["templating"]["list"][0]["query"], "prometheus");
+}
+
 /// The `"${NAME}"`s of `docker/haproxy.cfg`.
 fn haproxy_variables() -> Vec<String> {
     let cfg = read("docker/haproxy.cfg");
