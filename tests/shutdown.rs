@@ -84,40 +84,52 @@ async fn sigint_lets_every_request_in_flight_finish_then_stops_accepting_and_exi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn during_the_drain_period_readyz_is_503_and_requests_are_served_with_connection_close() {
+async fn during_the_drain_period_after_sigint_readyz_is_503_and_requests_get_connection_close() {
+    drain_period_after("INT").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_the_drain_period_after_sigterm_readyz_is_503_and_requests_get_connection_close() {
+    drain_period_after("TERM").await;
+}
+
+/// The shutdown sequence with `drain_period: 2s`, started by `signal` (`INT` or `TERM`):
+/// `/readyz` 503 at once while requests are still served, each with `Connection: close`; then
+/// the listener closes and the process exits, not before a good part of the drain period.
+async fn drain_period_after(signal: &str) {
     let up = Upstream::start().await;
     let mut gw = Gateway::start(&config(&up, "drain_period: 2s, grace_period: 5s")).await;
     let c = client();
     assert_eq!(gw.readyz_status().await.0, 200);
-    gw.proc.signal("TERM");
+    gw.proc.signal(signal);
     // The signal is handled asynchronously: readiness turns within a moment, then stays 503.
-    let turned = Instant::now() + Duration::from_secs(1);
-    let (status, body) = loop {
-        let (status, body) = gw.readyz_status().await;
-        if status == 503 || Instant::now() > turned {
-            break (status, body);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    assert_eq!(status, 503, "{body}");
+    let body = eventually(
+        format!("/readyz answers 503 right after SIG{signal}"),
+        Duration::from_secs(1),
+    )
+    .every(Duration::from_millis(10))
+    .holds_on(|| gw.readyz_status(), |(status, _)| *status == 503)
+    .await
+    .1;
     assert_eq!(body["draining"], true, "{body}");
     for _ in 0..3 {
         let r = c
             .get(gw.url("/during-drain"))
             .send()
             .await
-            .expect("served during the drain");
-        assert_eq!(r.status(), 200);
-        assert_eq!(r.headers()["connection"], "close");
+            .unwrap_or_else(|e| panic!("not served during the drain after SIG{signal}: {e}"));
+        assert_eq!(r.status(), 200, "SIG{signal}");
+        assert_eq!(r.headers()["connection"], "close", "SIG{signal}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // After the drain period the listener is closed and the process exits.
     let took = exited_within(&mut gw, Duration::from_secs(6)).await;
     assert!(
         took >= Duration::from_millis(1_000),
-        "exited {took:?} into a 2 s drain period"
+        "exited {took:?} into a 2 s drain period after SIG{signal}"
     );
-    assert_eq!(served(gw.listen).await, None);
+    assert_eq!(served(gw.listen).await, None, "SIG{signal}");
+    assert!(gw.proc.exited().expect("exited").success(), "SIG{signal}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
