@@ -17,8 +17,7 @@ use crate::headers;
 use crate::identity::IdentityError;
 use crate::limit::Decision;
 
-/// Problem type of a rate-limited request (draft-ietf-httpapi-ratelimit-headers §problem types).
-pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+pub use crate::config::QUOTA_EXCEEDED;
 /// Problem type of a request refused because capacity is temporarily reduced.
 pub const REDUCED_CAPACITY: &str =
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
@@ -83,16 +82,6 @@ struct Problem<'a, X: Serialize> {
     detail: String,
     #[serde(flatten)]
     extra: X,
-}
-
-#[derive(Serialize)]
-struct RateFields<'a> {
-    policy: &'a str,
-    limit: u64,
-    window: &'a str,
-    window_seconds: u64,
-    remaining: u64,
-    retry_after: u64,
 }
 
 #[derive(Serialize)]
@@ -215,7 +204,7 @@ impl Refusal {
                 decision,
                 spec,
                 ..
-            } => self.rate_limited(cfg, *limit, spec.as_deref(), decision),
+            } => Refusal::rate_limited(cfg, *limit, spec.as_deref(), decision),
             Refusal::StoreUnavailable { limit } => self.store_unavailable(cfg, *limit),
             Refusal::BadRequest => self.plain("The request could not be read."),
             Refusal::UpstreamFailed => {
@@ -262,31 +251,11 @@ impl Refusal {
         )
     }
 
-    fn rate_limited(
-        &self,
-        cfg: &Config,
-        id: LimitId,
-        spec: Option<&RateSpec>,
-        d: &Decision,
-    ) -> Vec<u8> {
-        let limit = cfg.limit(id);
-        let rate = spec.unwrap_or_else(|| limit.rate());
-        let retry = headers::seconds(d);
-        self.body(
-            QUOTA_EXCEEDED,
-            format!(
-                "Rate limit \"{}\" of {} per {} exceeded; retry in {retry} s.",
-                limit.name, rate.quota.limit, rate.window_label
-            ),
-            RateFields {
-                policy: &limit.name,
-                limit: rate.quota.limit,
-                window: &rate.window_label,
-                window_seconds: rate.quota.window_ms.div_ceil(1000),
-                remaining: d.remaining,
-                retry_after: retry,
-            },
-        )
+    /// The 429 body of a rate limit: its constant parts were built with the config (or the
+    /// quota override), so only `remaining` and the retry seconds are written here.
+    fn rate_limited(cfg: &Config, id: LimitId, spec: Option<&RateSpec>, d: &Decision) -> Vec<u8> {
+        let rate = spec.unwrap_or_else(|| cfg.limit(id).rate());
+        rate.refusal_body.write(d.remaining, headers::seconds(d))
     }
 
     fn store_unavailable(&self, cfg: &Config, id: LimitId) -> Vec<u8> {
@@ -316,4 +285,104 @@ fn problem_head(status: u16, len: usize) -> ResponseHeader {
     let _ = h.insert_header("content-length", len);
     let _ = h.insert_header("cache-control", "no-store");
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{from_yaml, Overrides, RateLimitedBody};
+
+    #[derive(Serialize)]
+    struct RateFields<'a> {
+        policy: &'a str,
+        limit: u64,
+        window: &'a str,
+        window_seconds: u64,
+        remaining: u64,
+        retry_after: u64,
+    }
+
+    /// The body as serde_json makes it from the whole problem document: what the pre-built
+    /// parts must reproduce byte for byte.
+    fn serialized(spec: &RateSpec, name: &str, d: &Decision) -> Vec<u8> {
+        let retry = headers::seconds(d);
+        let p = Problem {
+            kind: QUOTA_EXCEEDED,
+            title: "Too Many Requests",
+            status: 429,
+            detail: format!(
+                "Rate limit \"{name}\" of {} per {} exceeded; retry in {retry} s.",
+                spec.quota.limit, spec.window_label
+            ),
+            extra: RateFields {
+                policy: name,
+                limit: spec.quota.limit,
+                window: &spec.window_label,
+                window_seconds: spec.quota.window_ms.div_ceil(1000),
+                remaining: d.remaining,
+                retry_after: retry,
+            },
+        };
+        serde_json::to_vec(&p).expect("serializable")
+    }
+
+    #[test]
+    fn the_prebuilt_429_body_is_the_serialized_problem_byte_for_byte() {
+        let yaml = "upstreams: { backend: [\"127.0.0.1:9\"] }\n\
+                    routes: [ { name: r, match: { path_prefix: / }, upstream: backend } ]\n\
+                    limits:\n\
+                    \x20 - { name: per-ip, key: [client_ip], limit: 100, window: 1m }\n\
+                    \x20 - { name: tb_1.5s, key: [client_ip], algorithm: token_bucket, limit: 7, burst: 3, window: 1500ms }\n";
+        let cfg = from_yaml("t.yaml", yaml, &Overrides::default()).expect("valid");
+        let decisions = [
+            Decision::deny(100, 0, 60_000, 1),
+            Decision::deny(100, 0, 60_000, 59_001),
+            Decision::deny(7, 2, 1_500, 12_345_678),
+            Decision::deny(u64::MAX, u64::MAX, 0, u64::MAX - 1),
+        ];
+        for (id, limit) in cfg.limits.iter().enumerate() {
+            // The config's parameters, and a quota override's.
+            let overridden = limit
+                .rate()
+                .with_params(&limit.name, Some(5_000), Some("90s"), None, 0.5)
+                .expect("valid override");
+            for spec in [None, Some(&overridden)] {
+                let rate = spec.unwrap_or_else(|| limit.rate());
+                for d in &decisions {
+                    let refusal = Refusal::RateLimited {
+                        limit: id,
+                        decision: *d,
+                        at_ms: 0,
+                        spec: spec.map(|s| Arc::new(s.clone())),
+                    };
+                    let (head, body) = refusal.response(&cfg, None);
+                    let want = serialized(rate, &limit.name, d);
+                    assert_eq!(
+                        String::from_utf8_lossy(&body),
+                        String::from_utf8_lossy(&want)
+                    );
+                    assert_eq!(
+                        head.headers["content-length"],
+                        want.len().to_string().as_str()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn json_special_characters_in_the_constant_parts_are_escaped() {
+        let body = RateLimitedBody::new("a\"b\\c\u{e9}", 3, "1m\n", 60_000).write(1, 2);
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
+        assert_eq!(v["policy"], "a\"b\\c\u{e9}");
+        assert_eq!(v["window"], "1m\n");
+        assert_eq!(
+            v["detail"],
+            "Rate limit \"a\"b\\c\u{e9}\" of 3 per 1m\n exceeded; retry in 2 s."
+        );
+        assert_eq!(
+            (v["remaining"].as_u64(), v["retry_after"].as_u64()),
+            (Some(1), Some(2))
+        );
+    }
 }

@@ -11,6 +11,7 @@ use http::header::HeaderName;
 use http::HeaderValue;
 
 use super::errors::{check_name, words, Errors, WordError};
+use super::problem::RateLimitedBody;
 use super::raw;
 use super::store::FailureDefaults;
 use crate::limit::{Algorithm, Quota, MAX_SCALED};
@@ -149,6 +150,8 @@ pub struct RateSpec {
     pub policy_header: HeaderValue,
     /// The window as written in the file (`1m`), for problem details.
     pub window_label: String,
+    /// The constant parts of this limit's 429 body.
+    pub refusal_body: RateLimitedBody,
 }
 
 impl RateSpec {
@@ -231,6 +234,7 @@ fn rate_spec(
         local_quota,
         // A name that is not a valid header value is reported by validation.
         policy_header: HeaderValue::from_str(&policy).unwrap_or(HeaderValue::from_static("")),
+        refusal_body: RateLimitedBody::new(name, limit, &window_label, window_ms),
         window_label,
     }
 }
@@ -432,22 +436,15 @@ impl LimitBuilder {
                 format!("limit × window in ms must not exceed 2^53 ({MAX_SCALED})"),
             );
         }
-        let quota = Quota::new(algorithm, l.limit, window_ms).with_burst(burst);
-        let share = |n: u64| ((n as f64 * self.failure.local_share).floor() as u64).max(1);
-        let local_quota = Quota::new(algorithm, share(l.limit), window_ms).with_burst(share(burst));
-        let policy = format!(
-            "\"{}\";q={};w={}",
-            l.name,
+        Some(rate_spec(
+            &l.name,
+            algorithm,
             l.limit,
-            window_ms.div_ceil(1000)
-        );
-        Some(RateSpec {
-            quota,
-            local_quota,
-            // An invalid name is reported above and the limit not built.
-            policy_header: HeaderValue::from_str(&policy).unwrap_or(HeaderValue::from_static("")),
-            window_label: l.window.clone().unwrap_or_default(),
-        })
+            window_ms,
+            burst,
+            l.window.clone().unwrap_or_default(),
+            self.failure.local_share,
+        ))
     }
 }
 

@@ -21,6 +21,7 @@ mod env;
 mod errors;
 mod identity;
 mod limits;
+mod problem;
 mod quotas;
 pub mod raw;
 pub mod reload;
@@ -43,6 +44,7 @@ pub use limits::{
     ConcurrencySpec, KeyPart, Kind, Limit, LimitId, LimitIds, OnError, RateSpec, Spec,
     MAX_KEY_PARTS,
 };
+pub use problem::{RateLimitedBody, QUOTA_EXCEEDED};
 pub use quotas::{redact_password, QuotaSettings};
 pub use routes::{Route, RouteId, Upstream, UpstreamId, UpstreamTimeouts};
 pub use server::{EscapedSlashes, HttpSettings, PathNormalization, ServerSettings};
