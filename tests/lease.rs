@@ -25,6 +25,7 @@ use common::http::{client, get};
 use common::load::{by_status, Load, Reply};
 use common::redis::RedisServer;
 use common::upstream::Upstream;
+use common::wait::eventually;
 
 const LEASING: [&str; 4] = ["fixed_window", "sliding_window", "token_bucket", "gcra"];
 const DAY_S: u64 = 86_400;
@@ -287,10 +288,13 @@ async fn a_reload_on_one_gateway_ends_the_leases_of_the_changed_limit_on_both() 
         a.sighup();
         a.wait_generation(reloads, Duration::from_secs(5)).await;
         let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(2) && (ended.0 == 0.0 || ended.1 == 0.0) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            ended = (ended_early(&a).await, ended_early(&b).await);
-        }
+        eventually("both gateways ended a lease early", Duration::from_secs(2))
+            .may_hold_async(|| async {
+                let e = (ended_early(&a).await, ended_early(&b).await);
+                e.0 > 0.0 && e.1 > 0.0
+            })
+            .await;
+        ended = (ended_early(&a).await, ended_early(&b).await);
         eprintln!(
             "reload {reloads}: leases ended early {ended:?} after {:?}",
             t.elapsed()

@@ -119,6 +119,26 @@ impl Eventually {
         .await
     }
 
+    /// [`Eventually::holds_async`] for a wait that may run out: `None` once time is up,
+    /// instead of a panic (for a test that then tries again another way).
+    pub async fn may_hold_async<O, F, Fut>(self, mut check: F) -> Option<O::Value>
+    where
+        O: Outcome,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = O>,
+    {
+        let start = Instant::now();
+        loop {
+            match check().await.into_result() {
+                Ok(value) => return Some(value),
+                Err(_) if start.elapsed() < self.within => {
+                    tokio::time::sleep(self.every).await;
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
     /// [`Eventually::holds`] outside an async context (the thread sleeps between checks).
     pub fn holds_blocking<O: Outcome>(self, mut check: impl FnMut() -> O) -> O::Value {
         let mut polls = Polls::new(&self);
