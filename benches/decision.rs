@@ -83,6 +83,24 @@ fn request_path(c: &mut Criterion) {
         },
     );
 
+    // A rate limit's refusal: the 429's head, rate-limit headers and problem body (what every
+    // request of a caller over its limit costs, the over-limit cache's answers included).
+    let denied = tollgate::limit::Decision::deny(decision.limit, 0, 60_000, 12_345);
+    c.bench_function(
+        "refusal: a rate limit's 429 (head, headers, problem body)",
+        |b| {
+            b.iter(|| {
+                let refusal = tollgate::refusal::Refusal::RateLimited {
+                    limit: id,
+                    decision: denied,
+                    at_ms: now,
+                    spec: None,
+                };
+                black_box(refusal.response(&cfg, None))
+            })
+        },
+    );
+
     // 10k distinct callers (keys) round robin.
     let keys: Vec<HeaderMap> = (0..10_000)
         .map(|i| {
