@@ -8,7 +8,6 @@
 //! Phase: every request. One config snapshot is taken at the start and used to the end, so a
 //! reload never changes a request half-way.
 
-use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
@@ -227,7 +226,9 @@ impl ProxyHttp for Gateway {
         ctx.obs = self.observer.begin(session);
         // The one config snapshot this request runs on.
         let cfg = self.config.snapshot();
-        if let Some(conn) = ConnState::of(session) {
+        let conn = ConnState::of(session);
+        let tracked = conn.is_some();
+        if let Some(conn) = conn {
             conn.busy();
         }
         session.set_pipelining_enabled(true);
@@ -237,6 +238,12 @@ impl ProxyHttp for Gateway {
             let secs = cfg.http.keepalive_timeout.as_secs();
             if self.lifecycle.draining() || secs == 0 {
                 session.set_keepalive(None);
+            } else if tracked {
+                // `conn` closes the connection once it has been idle `keepalive_timeout`, so
+                // Pingora keeps it without a timer of its own: `Some(secs)` would wrap every
+                // read of every head in a timeout (about 3% of a proxied request's
+                // instructions).
+                session.set_keepalive(Some(0));
             } else {
                 session.set_keepalive(Some(secs));
             }
@@ -305,15 +312,15 @@ impl ProxyHttp for Gateway {
             upstream_request.insert_header(observe::REQUEST_ID, id)?;
         }
         let Some(peer) = ctx.peer else { return Ok(()) };
-        let mut chain = String::new();
+        let mut chain = Vec::with_capacity(48);
         for v in upstream_request.headers.get_all("x-forwarded-for") {
             if let Ok(v) = v.to_str() {
-                chain.push_str(v);
-                chain.push_str(", ");
+                chain.extend_from_slice(v.as_bytes());
+                chain.extend_from_slice(b", ");
             }
         }
-        // Written in place: no String of its own for the address.
-        let _ = write!(chain, "{peer}");
+        // Written in place, without `fmt`.
+        observe::format::push_ip(&mut chain, peer);
         upstream_request.insert_header("x-forwarded-for", chain)?;
         Ok(())
     }

@@ -226,7 +226,8 @@ fn push_micros(o: &mut Vec<u8>, us: u64) {
     ]);
 }
 
-fn push_ip(o: &mut Vec<u8>, ip: IpAddr) {
+/// Append `ip` in its usual text form (IPv4 without `fmt`: a third of the cost).
+pub fn push_ip(o: &mut Vec<u8>, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
             // Into a buffer first: one copy into the line, not one per octet.
