@@ -7,9 +7,13 @@
 #                             names such as "tollgate proxy" contain spaces)
 #   measure PIDS PORT SECS CONNS
 #                             wrk -t1 -cCONNS for SECS (after a 2 s warm-up) against PORT on
-#                             core 1, and the CPU of PIDS meanwhile; prints
-#                             "req_per_s p50_ms p99_ms user_us_per_req sys_us_per_req"
-#   upstream_nginx PORT DIR   NGINX `return 200` on core 1 (the upstream of every proxy)
+#                             $LOAD_CPUS, and the CPU of PIDS meanwhile; prints
+#                             "req_per_s p50_ms p99_ms user_us_per_req sys_us_per_req
+#                             load_us_per_req" (the last: wrk's and the upstream's own CPU)
+#   upstream_nginx PORT DIR   NGINX `return 200` on $LOAD_CPUS (the upstream of every proxy)
+# Where things run: PROXY_CPUS (default 0) for the measured proxies, LOAD_CPUS (default 1) for
+# wrk, the upstream and Redis, as taskset CPU lists. PROXY_CPUS=0,1 LOAD_CPUS=0,1 shares both
+# cores between everything (for proxies with two threads or workers).
 #   start_bench               a temporary directory $dir and an array $pids, both cleaned up
 #                             on exit, and the upstream on 127.0.0.1:$up
 # Every process started here is appended to the caller's `pids` array, for its EXIT trap.
@@ -22,28 +26,41 @@ ticks() {
     sed 's/.*) //' | awk '{u += $12; s += $13} END {print u + 0, s + 0}'
 }
 hz=$(getconf CLK_TCK)
+PROXY_CPUS=${PROXY_CPUS:-0}
+LOAD_CPUS=${LOAD_CPUS:-1}
+up_pid=""
 
 # wrk's latency figure ("1.23ms", "950.00us", "1.02s") in ms.
 to_ms() { python3 -c "import sys,re; v=sys.argv[1]; m=re.match(r'([0-9.]+)(us|ms|s)\$', v); print(f'{float(m[1])*{\"us\":0.001,\"ms\":1,\"s\":1000}[m[2]]:.3f}')" "$1"; }
 
 measure() { # "PIDS" PORT SECS CONNS
-  local pids=$1 port=$2 secs=$3 conns=$4 before after out reqs p50 p99
-  taskset -c 1 wrk -t1 -c "$conns" -d 2s "http://127.0.0.1:$port/" >/dev/null
+  local pids=$1 port=$2 secs=$3 conns=$4 before after up0 up1 out reqs p50 p99 wrk_ticks
+  taskset -c "$LOAD_CPUS" wrk -t1 -c "$conns" -d 2s "http://127.0.0.1:$port/" >/dev/null
   # shellcheck disable=SC2086
   before=$(ticks $pids)
-  out=$(taskset -c 1 wrk -t1 -c "$conns" -d "${secs}s" --latency "http://127.0.0.1:$port/")
+  # shellcheck disable=SC2046
+  up0=$(ticks $(tree "$up_pid"))
+  # wrk's own CPU: the children's times of a shell that waited for it (the stat fields cutime
+  # and cstime, 14 and 15 after the closing parenthesis), printed on the last line.
+  out=$(sh -c 'taskset -c "$1" wrk -t1 -c "$2" -d "$3s" --latency "http://127.0.0.1:$4/"; sed "s/.*) //" /proc/$$/stat | cut -d" " -f14,15' \
+    sh "$LOAD_CPUS" "$conns" "$secs" "$port")
   # shellcheck disable=SC2086
   after=$(ticks $pids)
+  # shellcheck disable=SC2046
+  up1=$(ticks $(tree "$up_pid"))
+  wrk_ticks=$(echo "$out" | tail -1)
   if echo "$out" | grep -q 'Non-2xx'; then echo "port $port answered non-2xx:" >&2; echo "$out" >&2; exit 1; fi
   reqs=$(echo "$out" | awk '/requests in/ {print $1}')
   p50=$(to_ms "$(echo "$out" | awk '$1=="50%" {print $2}')")
   p99=$(to_ms "$(echo "$out" | awk '$1=="99%" {print $2}')")
-  python3 - "$before" "$after" "$reqs" "$secs" "$hz" "$p50" "$p99" <<'PY'
+  python3 - "$before" "$after" "$reqs" "$secs" "$hz" "$p50" "$p99" "$up0" "$up1" "$wrk_ticks" <<'PY'
 import sys
 b, a = sys.argv[1].split(), sys.argv[2].split()
 reqs, secs, hz = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 us = 1e6 / hz
-print(f"{reqs / secs:.0f} {sys.argv[6]} {sys.argv[7]} {(int(a[0]) - int(b[0])) * us / reqs:.2f} {(int(a[1]) - int(b[1])) * us / reqs:.2f}")
+u0, u1, w = sys.argv[8].split(), sys.argv[9].split(), sys.argv[10].split()
+load = sum(int(x) for x in u1) - sum(int(x) for x in u0) + sum(int(x) for x in w)
+print(f"{reqs / secs:.0f} {sys.argv[6]} {sys.argv[7]} {(int(a[0]) - int(b[0])) * us / reqs:.2f} {(int(a[1]) - int(b[1])) * us / reqs:.2f} {load * us / reqs:.2f}")
 PY
 }
 
@@ -55,7 +72,8 @@ events { worker_connections 8192; }
 http { access_log off;
   server { listen 127.0.0.1:$1 backlog=4096; keepalive_requests 10000000; location / { return 200 "ok"; } } }
 CONF
-  taskset -c 1 nginx -p "$2" -c "$2/upstream.conf" & pids+=($!)
+  taskset -c "$LOAD_CPUS" nginx -p "$2" -c "$2/upstream.conf" & pids+=($!)
+  up_pid=$!
 }
 
 # interleave ROUNDS OUTFILE FN ROW...: ROUNDS rounds over the rows, forward in odd rounds and

@@ -23,6 +23,7 @@
 #
 # Usage: loadtest/proxy.sh [-s SECONDS] [-c CONNECTIONS] [-r ROUNDS] [-t THREADS]
 #        ROWS="bare nolimits" loadtest/proxy.sh ...
+#        PROXY_CPUS=0,1 LOAD_CPUS=0,1 loadtest/proxy.sh -t 2   # both cores shared (scaling)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=10 conns=50 rounds=3 threads=1
@@ -37,7 +38,7 @@ cargo build --release --quiet --bin tollgate --example bare_pingora
 bin=target/release/tollgate
 start_bench
 rp=$(free_port)
-taskset -c 1 redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null & pids+=($!)
+taskset -c "$LOAD_CPUS" redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null & pids+=($!)
 
 gateway_yaml() { # limit-line extra
   printf 'server: { threads: %s }\nupstreams: { up: ["127.0.0.1:%s"] }\nroutes: [ { name: all, match: { path_prefix: / }, upstream: up } ]\n%s\n%s\n' \
@@ -60,7 +61,7 @@ http { access_log off;
     location / { limit_req zone=perip burst=100000000 nodelay;
       proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
 CONF
-      taskset -c 0 nginx -p "$dir" -c "$dir/nginx.conf" & pids+=($!)
+      taskset -c "$PROXY_CPUS" nginx -p "$dir" -c "$dir/nginx.conf" & pids+=($!)
       measured[$row]=$! ;;
     haproxy)
       cat > "$dir/haproxy.cfg" <<CONF
@@ -81,11 +82,11 @@ backend be
   http-reuse always
   server up 127.0.0.1:$up
 CONF
-      taskset -c 0 haproxy -f "$dir/haproxy.cfg" -db & pids+=($!)
+      taskset -c "$PROXY_CPUS" haproxy -f "$dir/haproxy.cfg" -db & pids+=($!)
       measured[$row]=$! ;;
     bare)
       gateway_yaml "" "" > "$dir/bare.yaml"
-      taskset -c 0 target/release/examples/bare_pingora -c "$dir/bare.yaml" --listen "127.0.0.1:$p" \
+      taskset -c "$PROXY_CPUS" target/release/examples/bare_pingora -c "$dir/bare.yaml" --listen "127.0.0.1:$p" \
         --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/bare.log" & pids+=($!)
       measured[$row]=$! ;;
     nolimits|memory|redis|accesslog)
@@ -101,7 +102,7 @@ access_log: { enabled: false }"
         gateway_yaml "" "${extra%%access_log*}" > "$dir/$row.yaml"
         [ "$row" = accesslog ] && { unset 'port[$row]'; return; }
       fi
-      taskset -c 0 "$bin" -c "$dir/$row.yaml" --listen "127.0.0.1:$p" --admin-listen "127.0.0.1:$(free_port)" \
+      taskset -c "$PROXY_CPUS" "$bin" -c "$dir/$row.yaml" --listen "127.0.0.1:$p" --admin-listen "127.0.0.1:$(free_port)" \
         "${redis_flag[@]}" 2>"$dir/$row.log" & pids+=($!)
       measured[$row]=$! ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
@@ -122,16 +123,16 @@ for line in open(sys.argv[1]):
     name, *v = line.split()
     rows.setdefault(name, []).append([float(x) for x in v])
 order = sys.argv[2:]
-med = {n: [statistics.median(r[i] for r in rows[n]) for i in range(5)] + [statistics.median(r[3] + r[4] for r in rows[n])] for n in order}
+med = {n: [statistics.median(r[i] for r in rows[n]) for i in range(5)] + [statistics.median(r[3] + r[4] for r in rows[n]), statistics.median(r[5] for r in rows[n])] for n in order}
 base = med.get("nginx", med[order[0]])[5]
-print("| proxy | req/s | p50 ms | p99 ms | user µs/req | sys µs/req | total µs/req | ÷ nginx |")
-print("|---|---|---|---|---|---|---|---|")
+print("| proxy | req/s | p50 ms | p99 ms | user µs/req | sys µs/req | total µs/req | ÷ nginx | wrk + upstream µs/req |")
+print("|---|---|---|---|---|---|---|---|---|")
 for n in order:
     m = med[n]
-    print(f"| {n} | {m[0]:,.0f} | {m[1]:.2f} | {m[2]:.2f} | {m[3]:.1f} | {m[4]:.1f} | {m[5]:.1f} | {m[5] / base:.2f} |")
+    print(f"| {n} | {m[0]:,.0f} | {m[1]:.2f} | {m[2]:.2f} | {m[3]:.1f} | {m[4]:.1f} | {m[5]:.1f} | {m[5] / base:.2f} | {m[6]:.1f} |")
 open(sys.argv[1] + ".slowest", "w").write(str(min(m[0] for m in med.values())))
 PY
-echo "(wrk -t1 -c$conns -d${secs}s, $rounds interleaved rounds, medians; $threads worker(s) per proxy on core 0; wrk, upstream and Redis on core 1)"
+echo "(wrk -t1 -c$conns -d${secs}s, $rounds interleaved rounds, medians; $threads worker(s) per proxy on CPUs $PROXY_CPUS; wrk, upstream and Redis on CPUs $LOAD_CPUS)"
 
 if command -v oha >/dev/null; then
   rate=$(python3 -c "print(int(float(open('$dir/peak.slowest').read()) / 2))")
@@ -139,7 +140,7 @@ if command -v oha >/dev/null; then
   echo "| proxy at $rate req/s | p50 ms | p99 ms | p99.9 ms |"
   echo "|---|---|---|---|"
   for row in "${active[@]}"; do
-    taskset -c 1 oha -z "${secs}s" -q "$rate" -c "$conns" --latency-correction --no-tui \
+    taskset -c "$LOAD_CPUS" oha -z "${secs}s" -q "$rate" -c "$conns" --latency-correction --no-tui \
       --output-format json "http://127.0.0.1:${port[$row]}/" > "$dir/oha.json" 2>/dev/null
     python3 - "$dir/oha.json" "$row" <<'PY'
 import json, sys
