@@ -3,8 +3,9 @@
 # thread of the gateway process (/proc/PID/task/*/stat, the fields after the closing
 # parenthesis, since thread names contain spaces) divided by the requests wrk completed in the
 # same interval. Rows run in interleaved A-B-…-B-A rounds; each figure is the median of the
-# rounds. The gateways are pinned to core 0; wrk and the upstream (NGINX `return 200`) to
-# core 1. Every process is started here on free loopback ports and stopped at the end.
+# rounds. The gateways are pinned to core 0 and wrk and the upstream (NGINX `return 200`) to
+# core 1, unless PROXY_CPUS and LOAD_CPUS say otherwise (see bench_lib.sh). Every process is
+# started here on free loopback ports and stopped at the end.
 #
 # Usage: loadtest/cpu.sh [-s SECONDS] [-c CONNECTIONS] [-r ROUNDS] LABEL=BINARY=CONFIG ...
 #   CONFIG is a gateway.yaml in which __UPSTREAM__ stands for the upstream's host:port and
@@ -32,7 +33,7 @@ for row in "$@"; do
   IFS== read -r label bin cfg <<<"$row"
   port=$(free_port)
   sed "s/__UPSTREAM__/127.0.0.1:$up/; s|__TMP__|$dir|" "$cfg" > "$dir/$label.yaml"
-  taskset -c 0 "$bin" -c "$dir/$label.yaml" --listen "127.0.0.1:$port" \
+  taskset -c "$PROXY_CPUS" "$bin" -c "$dir/$label.yaml" --listen "127.0.0.1:$port" \
     --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/$label.log" & pids+=($!)
   labels+=("$label"); ports[$label]=$port; gpids[$label]=$!
 done
@@ -61,4 +62,4 @@ for label in labels:
     base = base or total
     print(f"| {label} | {rps:,.0f} | {user:.1f} | {sys_:.1f} | {total:.1f} | {total / base:.2f} |")
 PY
-echo "(wrk -t1 -c$conns -d${secs}s, $rounds interleaved rounds, medians; gateways on core 0, wrk and the NGINX upstream on core 1)"
+echo "(wrk -t1 -c$conns -d${secs}s, $rounds interleaved rounds, medians; gateways on CPUs $PROXY_CPUS, wrk and the NGINX upstream on CPUs $LOAD_CPUS)"
