@@ -11,6 +11,8 @@
 #                             "req_per_s p50_ms p99_ms user_us_per_req sys_us_per_req
 #                             load_us_per_req" (the last: wrk's and the upstream's own CPU)
 #   upstream_nginx PORT DIR   NGINX `return 200` on $LOAD_CPUS (the upstream of every proxy)
+# WRK_SCRIPT, when set, is a wrk Lua script every measured run uses (for example
+# loadtest/configs/many-keys.lua: 10,000 distinct x-k header values).
 # Where things run: PROXY_CPUS (default 0) for the measured proxies, LOAD_CPUS (default 1) for
 # wrk, the upstream and Redis, as taskset CPU lists. PROXY_CPUS=0,1 LOAD_CPUS=0,1 shares both
 # cores between everything (for proxies with two threads or workers).
@@ -35,15 +37,15 @@ to_ms() { python3 -c "import sys,re; v=sys.argv[1]; m=re.match(r'([0-9.]+)(us|ms
 
 measure() { # "PIDS" PORT SECS CONNS
   local pids=$1 port=$2 secs=$3 conns=$4 before after up0 up1 out reqs p50 p99 wrk_ticks
-  taskset -c "$LOAD_CPUS" wrk -t1 -c "$conns" -d 2s "http://127.0.0.1:$port/" >/dev/null
+  taskset -c "$LOAD_CPUS" wrk -t1 -c "$conns" -d 2s ${WRK_SCRIPT:+-s "$WRK_SCRIPT"} "http://127.0.0.1:$port/" >/dev/null
   # shellcheck disable=SC2086
   before=$(ticks $pids)
   # shellcheck disable=SC2046
   up0=$(ticks $(tree "$up_pid"))
   # wrk's own CPU: the children's times of a shell that waited for it (the stat fields cutime
   # and cstime, 14 and 15 after the closing parenthesis), printed on the last line.
-  out=$(sh -c 'taskset -c "$1" wrk -t1 -c "$2" -d "$3s" --latency "http://127.0.0.1:$4/"; sed "s/.*) //" /proc/$$/stat | cut -d" " -f14,15' \
-    sh "$LOAD_CPUS" "$conns" "$secs" "$port")
+  out=$(sh -c 'taskset -c "$1" wrk -t1 -c "$2" -d "$3s" --latency ${5:+-s "$5"} "http://127.0.0.1:$4/"; sed "s/.*) //" /proc/$$/stat | cut -d" " -f14,15' \
+    sh "$LOAD_CPUS" "$conns" "$secs" "$port" "${WRK_SCRIPT:-}")
   # shellcheck disable=SC2086
   after=$(ticks $pids)
   # shellcheck disable=SC2046
