@@ -226,11 +226,7 @@ impl ProxyHttp for Gateway {
         ctx.obs = self.observer.begin(session);
         // The one config snapshot this request runs on.
         let cfg = self.config.snapshot();
-        let conn = ConnState::of(session);
-        let tracked = conn.is_some();
-        if let Some(conn) = conn {
-            conn.busy();
-        }
+        let tracked = ConnState::of(session).map(|conn| conn.busy()).is_some();
         session.set_pipelining_enabled(true);
         // Only where Pingora keeps the connection (HTTP/1.1, or 1.0 asking for keep-alive);
         // `Some(0)` would mean "forever".

@@ -30,7 +30,11 @@ pub const PAGE: i64 = 100;
 pub const PAGE_MAX: i64 = 1000;
 
 /// A problem-details answer.
-fn problem(status: u16, detail: impl Into<String>, field: Option<&str>) -> Response<Vec<u8>> {
+pub(super) fn problem(
+    status: u16,
+    detail: impl Into<String>,
+    field: Option<&str>,
+) -> Response<Vec<u8>> {
     let title = http::StatusCode::from_u16(status)
         .ok()
         .and_then(|s| s.canonical_reason())

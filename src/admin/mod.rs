@@ -235,13 +235,5 @@ fn no_token(api: bool) -> Response<Vec<u8>> {
     } else {
         "the admin listener is not on loopback and no admin token is configured: set admin.token_env (or bind server.admin_listen to 127.0.0.1)"
     };
-    let mut r = json_response(
-        403,
-        json!({ "type": "about:blank", "title": "Forbidden", "status": 403, "detail": detail }),
-    );
-    r.headers_mut().insert(
-        "content-type",
-        http::HeaderValue::from_static("application/problem+json"),
-    );
-    r
+    api::problem(403, detail, None)
 }
