@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
-use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_http::{RequestHeader, ResponseHeader, StaticHeaderName};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::admission::{self, Admitted, Refused, Report, Request};
@@ -304,12 +304,20 @@ impl ProxyHttp for Gateway {
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if let Some(id) = ctx.obs.generated_id(&self.observer) {
-            upstream_request.insert_header(observe::REQUEST_ID, id)?;
+        const X_FORWARDED_FOR: StaticHeaderName = StaticHeaderName::from_static("x-forwarded-for");
+        const X_REQUEST_ID: StaticHeaderName = StaticHeaderName::from_static(observe::REQUEST_ID);
+        let id = ctx.obs.generated_id(&self.observer);
+        // Room for the two headers at once: the head is sized to the headers it came with.
+        upstream_request.reserve(1 + usize::from(id.is_some()));
+        if let Some(id) = id {
+            upstream_request.insert_header(&X_REQUEST_ID, id)?;
         }
         let Some(peer) = ctx.peer else { return Ok(()) };
         let mut chain = Vec::with_capacity(48);
-        for v in upstream_request.headers.get_all("x-forwarded-for") {
+        for v in upstream_request
+            .headers
+            .get_all(X_FORWARDED_FOR.as_header_name())
+        {
             if let Ok(v) = v.to_str() {
                 chain.extend_from_slice(v.as_bytes());
                 chain.extend_from_slice(b", ");
@@ -317,7 +325,7 @@ impl ProxyHttp for Gateway {
         }
         // Written in place, without `fmt`.
         observe::format::push_ip(&mut chain, peer);
-        upstream_request.insert_header("x-forwarded-for", chain)?;
+        upstream_request.insert_header(&X_FORWARDED_FOR, chain)?;
         Ok(())
     }
 
@@ -333,6 +341,7 @@ impl ProxyHttp for Gateway {
             session.set_keepalive(None);
         }
         if let (Some(cfg), Some((id, d))) = (&ctx.config, &ctx.decisive) {
+            upstream_response.reserve(headers::count(cfg, d, ctx.degraded.is_some()));
             let spec = ctx.overrides.as_deref().and_then(|o| o.rate(*id));
             headers::apply(
                 cfg,
