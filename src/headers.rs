@@ -16,7 +16,6 @@ use pingora_http::{ResponseHeader, StaticHeaderName};
 
 use crate::config::{Config, LimitId, OnError, RateSpec};
 use crate::limit::Decision;
-use crate::observe::format::push_u64;
 
 /// Set on responses decided under a store failure policy: `store-unavailable; policy=local`.
 pub const DEGRADED: &str = "tollgate-degraded";
@@ -107,6 +106,10 @@ pub fn apply(
 
 /// Header values written one after another into one buffer.
 struct Values(Vec<u8>);
+
+fn push_u64(b: &mut Vec<u8>, n: u64) {
+    b.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
 
 impl Values {
     fn new(capacity: usize) -> Self {
