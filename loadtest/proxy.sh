@@ -24,6 +24,7 @@
 # Usage: loadtest/proxy.sh [-s SECONDS] [-c CONNECTIONS] [-r ROUNDS] [-t THREADS]
 #        ROWS="bare nolimits" loadtest/proxy.sh ...
 #        PROXY_CPUS=0,1 LOAD_CPUS=0,1 loadtest/proxy.sh -t 2   # both cores shared (scaling)
+#        PROFILE=release loadtest/proxy.sh   # the quick start's build instead of `production`
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=10 conns=50 rounds=3 threads=1
@@ -34,8 +35,11 @@ rows=(${ROWS:-nginx haproxy bare nolimits memory redis accesslog})
 source loadtest/bench_lib.sh
 need nginx nginx; need wrk wrk; need haproxy haproxy; need redis-server redis-server
 need taskset util-linux; need python3 python3
-cargo build --release --quiet --bin tollgate --example bare_pingora
-bin=target/release/tollgate
+# The binaries are built with the profile that ships (Cargo.toml's `production`: fat LTO,
+# one codegen unit), PROFILE=release for the quick start's build.
+profile=${PROFILE:-production}
+cargo build --profile "$profile" --quiet --bin tollgate --example bare_pingora
+bin=target/$profile/tollgate
 start_bench
 rp=$(free_port)
 taskset -c "$LOAD_CPUS" redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null & pids+=($!)
@@ -86,7 +90,7 @@ CONF
       measured[$row]=$! ;;
     bare)
       gateway_yaml "" "" > "$dir/bare.yaml"
-      taskset -c "$PROXY_CPUS" target/release/examples/bare_pingora -c "$dir/bare.yaml" --listen "127.0.0.1:$p" \
+      taskset -c "$PROXY_CPUS" "target/$profile/examples/bare_pingora" -c "$dir/bare.yaml" --listen "127.0.0.1:$p" \
         --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/bare.log" & pids+=($!)
       measured[$row]=$! ;;
     nolimits|memory|redis|accesslog)
