@@ -8,8 +8,9 @@
 # stopped at the end.
 #
 # Usage: loadtest/instructions.sh [-n REQUESTS] LABEL=BINARY=CONFIG ...
-#   CONFIG as for cpu.sh (__UPSTREAM__ and __TMP__ are substituted). With KEEP=DIR the
-#   callgrind files are kept there as LABEL.cg.*, for callgrind_annotate.
+#   CONFIG as for cpu.sh (__UPSTREAM__ and __TMP__ are substituted; __REDIS__ too, for which
+#   a redis-server is started on core 1 when a config names it). With KEEP=DIR the callgrind
+#   files are kept there as LABEL.cg.*, for callgrind_annotate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=3000
@@ -23,6 +24,14 @@ for t in nginx valgrind callgrind_control python3 taskset curl; do
 done
 source loadtest/bench_lib.sh
 start_bench
+rp=""
+for row in "$@"; do
+  if grep -q __REDIS__ "${row##*=}" && [ -z "$rp" ]; then
+    command -v redis-server >/dev/null || { echo "needs redis-server: apt-get install -y redis-server" >&2; exit 1; }
+    rp=$(free_port)
+    taskset -c 1 redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null & pids+=($!)
+  fi
+done
 
 # Send $2 GETs to port $1 on one keep-alive connection, one after the other.
 send() {
@@ -42,7 +51,7 @@ base=""
 for row in "$@"; do
   IFS== read -r label bin cfg <<<"$row"
   port=$(free_port) admin=$(free_port)
-  sed "s/__UPSTREAM__/127.0.0.1:$up/; s|__TMP__|$dir|" "$cfg" > "$dir/$label.yaml"
+  sed "s/__UPSTREAM__/127.0.0.1:$up/; s|__TMP__|$dir|; s/__REDIS__/127.0.0.1:$rp/" "$cfg" > "$dir/$label.yaml"
   taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$dir/$label.cg" \
     "$bin" -c "$dir/$label.yaml" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
     >"$dir/$label.out" 2>"$dir/$label.log" & pid=$!
