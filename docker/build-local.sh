@@ -20,7 +20,7 @@
 #
 # Needs root, podman, debootstrap and hadolint (scripts/setup.sh --image installs them) and
 # the Debian mirror and crates.io. Takes several minutes: two debootstraps the first time, and
-# a cold release build of tollgate inside the image build.
+# a cold build of tollgate (the production profile: fat LTO) inside the image build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -77,6 +77,7 @@ fn main() {
     let upstream = cfg.upstream(cfg.routes[0].upstream).servers[0];
     let conf = ServerConf {
         threads: s.threads,
+        work_stealing: s.work_stealing,
         grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()

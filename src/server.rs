@@ -76,6 +76,7 @@ pub fn upgrade_sock(s: &ServerSettings) -> PathBuf {
 fn pingora_conf(s: &ServerSettings) -> ServerConf {
     ServerConf {
         threads: s.threads,
+        work_stealing: s.work_stealing,
         // Pingora's grace period is a fixed sleep; the lifecycle exits as soon as the requests
         // in flight are done, and this is only the backstop (rounded up to whole seconds).
         grace_period_seconds: Some(s.grace_period.as_secs_f64().ceil() as u64 + 1),

@@ -125,6 +125,7 @@ impl Startup {
             ("server.listen", a.listen != b.listen),
             ("server.admin_listen", a.admin_listen != b.admin_listen),
             ("server.threads", a.threads != b.threads),
+            ("server.work_stealing", a.work_stealing != b.work_stealing),
             ("server.grace_period", a.grace_period != b.grace_period),
             ("server.drain_period", a.drain_period != b.drain_period),
             (

@@ -14,6 +14,9 @@ pub struct Server {
     pub admin_listen: Option<String>,
     /// Worker threads of the proxy; defaults to the number of CPUs.
     pub threads: Option<usize>,
+    /// One work-stealing runtime for all threads (`true`) or one single-threaded runtime per
+    /// thread (`false`); defaults to `true` with more than one thread.
+    pub work_stealing: Option<bool>,
     /// How long in-flight requests get to finish on shutdown.
     pub grace_period: Option<String>,
     /// How long the proxy keeps serving (with `Connection: close`) after SIGTERM/SIGINT.

@@ -15,6 +15,11 @@ pub struct ServerSettings {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub threads: usize,
+    /// Tokio's work-stealing runtime shared by the threads (`true`), or a single-threaded
+    /// runtime per thread, each connection on one of them (`false`). Default: work-stealing
+    /// with more than one thread; with one there is nothing to steal from, and the
+    /// single-threaded runtime cost 9-14% less CPU per request (`loadtest/RESULTS.md`).
+    pub work_stealing: bool,
     /// In-flight requests get this long to finish on shutdown.
     pub grace_period: Duration,
     /// After SIGTERM or SIGINT, the proxy keeps serving this long with `Connection: close`.
@@ -113,6 +118,7 @@ pub(super) fn validate(
         Some(n) => errs.at_least_one("server.threads", n, 1),
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
+    let work_stealing = r.work_stealing.unwrap_or(threads > 1);
     let grace_period = duration_or(
         errs,
         "server.grace_period",
@@ -146,6 +152,7 @@ pub(super) fn validate(
         listen: socket_addr(errs, listen_path, listen),
         admin_listen: socket_addr(errs, admin_path, admin),
         threads,
+        work_stealing,
         grace_period,
         drain_period,
         header_timeout,

@@ -115,6 +115,25 @@ fn shedding_defaults_and_names_shared_with_rate_limits() {
 }
 
 #[test]
+fn one_thread_runs_without_work_stealing_unless_asked() {
+    let runtime = |server: &str| {
+        let c = check(&format!("{MIN}server: {{ {server} }}\n")).unwrap();
+        (c.startup.server.threads, c.startup.server.work_stealing)
+    };
+    assert_eq!(runtime("threads: 1"), (1, false));
+    assert_eq!(runtime("threads: 2"), (2, true));
+    assert_eq!(runtime("threads: 1, work_stealing: true"), (1, true));
+    assert_eq!(runtime("threads: 4, work_stealing: false"), (4, false));
+    let a = check(&format!("{MIN}server: {{ threads: 2 }}\n")).unwrap();
+    let b = check(&format!(
+        "{MIN}server: {{ threads: 2, work_stealing: false }}\n"
+    ))
+    .unwrap();
+    assert_eq!(a.startup.changes(&b.startup), ["server.work_stealing"]);
+    assert!(check(&format!("{MIN}server: {{ work_stealing: sometimes }}\n")).is_err());
+}
+
+#[test]
 fn startup_changes_are_named() {
     let a = check(MIN).unwrap();
     let b = check(&format!(
