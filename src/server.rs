@@ -242,6 +242,8 @@ fn log_start(cfg: &crate::config::Config, max_connections: usize, upgrade: bool)
         config = %cfg.source,
         routes = cfg.routes.len(),
         limits = cfg.limits.len(),
+        threads = s.threads,
+        work_stealing = s.work_stealing,
         store = %cfg.startup.store.backend,
         quotas = cfg.startup.quotas.as_ref().map_or("none", |q| q.backend_name()),
         max_connections,

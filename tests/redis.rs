@@ -234,6 +234,34 @@ async fn two_gateways_sharing_redis_admit_exactly_the_limit_for_every_algorithm(
     }
 }
 
+/// A gateway with one thread runs on a single-threaded runtime (`server.work_stealing`
+/// defaults to off there; issue 15): its memory store and its Redis connection, whose driver
+/// task shares that one thread with every request, still admit exactly the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_on_one_single_threaded_runtime_admits_exactly_the_limit() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let yaml =
+        format!(
+        "server: {{ threads: 1 }}\nstore: {{ key_prefix: one, timeout: 5s, on_error: deny }}\n{}{}",
+        up.upstreams_yaml(),
+        routes_with_own_limit(&[("x".into(), "one-thread".into(), "sliding_window", 300, "24h")])
+    );
+    let memory = Gateway::start_named("memory", &yaml, &[], &[]).await;
+    let on_redis = Gateway::start_named("redis", &yaml, &["--redis-url", &redis.url()], &[]).await;
+    for gw in [&memory, &on_redis] {
+        gw.wait_output("threads=1 work_stealing=false", Duration::from_secs(5))
+            .await;
+    }
+    clear_of_window_boundary(DAY_S, 60).await;
+    for (what, gw) in [("memory store", &memory), ("Redis store", &on_redis)] {
+        let before = up.requests().await;
+        let replies = blast(&[gw.url("/x/1")], 60, 25).await;
+        assert_exact(what, &replies, 1500, 300, &up, before).await;
+    }
+    assert_eq!(counters(&redis, "{one:*"), ["300"]);
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. All-or-nothing: a request denied by its hour limit leaves its minute counter unchanged.
 // ---------------------------------------------------------------------------------------
