@@ -16,6 +16,9 @@
 # Where things run: PROXY_CPUS (default 0) for the measured proxies, LOAD_CPUS (default 1) for
 # wrk, the upstream and Redis, as taskset CPU lists. PROXY_CPUS=0,1 LOAD_CPUS=0,1 shares both
 # cores between everything (for proxies with two threads or workers).
+#   redis_if_named ROW...     when a ROW's config (LABEL=BINARY=CONFIG) names __REDIS__, start a
+#                             redis-server on $LOAD_CPUS and set $rp to its port (else rp="")
+#   gateway_config ROW_CFG OUT  CONFIG with __UPSTREAM__, __TMP__ and __REDIS__ filled in
 #   start_bench               a temporary directory $dir and an array $pids, both cleaned up
 #                             on exit, and the upstream on 127.0.0.1:$up
 # Every process started here is appended to the caller's `pids` array, for its EXIT trap.
@@ -101,4 +104,22 @@ start_bench() {
   trap cleanup EXIT
   up=$(free_port)
   upstream_nginx "$up" "$dir"
+}
+
+redis_if_named() {
+  rp=""
+  local row
+  for row in "$@"; do
+    if grep -q __REDIS__ "${row##*=}"; then
+      need redis-server redis-server
+      rp=$(free_port)
+      taskset -c "$LOAD_CPUS" redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no \
+        --dir "$dir" >/dev/null & pids+=($!)
+      return
+    fi
+  done
+}
+
+gateway_config() { # CONFIG OUT
+  sed "s/__UPSTREAM__/127.0.0.1:$up/; s|__TMP__|$dir|; s/__REDIS__/127.0.0.1:${rp:-0}/" "$1" > "$2"
 }

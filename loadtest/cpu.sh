@@ -8,8 +8,9 @@
 # started here on free loopback ports and stopped at the end.
 #
 # Usage: loadtest/cpu.sh [-s SECONDS] [-c CONNECTIONS] [-r ROUNDS] LABEL=BINARY=CONFIG ...
-#   CONFIG is a gateway.yaml in which __UPSTREAM__ stands for the upstream's host:port and
-#   __TMP__ for a temporary directory removed at the end (for access logs).
+#   CONFIG is a gateway.yaml in which __UPSTREAM__ stands for the upstream's host:port,
+#   __TMP__ for a temporary directory removed at the end (for access logs), and __REDIS__ for
+#   a redis-server started here (with wrk) when a config names it.
 # Example (this tree against an older build):
 #   loadtest/cpu.sh before=/tmp/old/tollgate=loadtest/configs/one-limit.yaml \
 #                   after=target/release/tollgate=loadtest/configs/one-limit.yaml
@@ -26,13 +27,14 @@ for t in nginx wrk taskset python3; do
 done
 source loadtest/bench_lib.sh
 start_bench
+redis_if_named "$@"
 
 labels=()
 declare -A ports gpids
 for row in "$@"; do
   IFS== read -r label bin cfg <<<"$row"
   port=$(free_port)
-  sed "s/__UPSTREAM__/127.0.0.1:$up/; s|__TMP__|$dir|" "$cfg" > "$dir/$label.yaml"
+  gateway_config "$cfg" "$dir/$label.yaml"
   taskset -c "$PROXY_CPUS" "$bin" -c "$dir/$label.yaml" --listen "127.0.0.1:$port" \
     --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/$label.log" & pids+=($!)
   labels+=("$label"); ports[$label]=$port; gpids[$label]=$!

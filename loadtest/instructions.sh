@@ -24,14 +24,7 @@ for t in nginx valgrind callgrind_control python3 taskset curl; do
 done
 source loadtest/bench_lib.sh
 start_bench
-rp=""
-for row in "$@"; do
-  if grep -q __REDIS__ "${row##*=}" && [ -z "$rp" ]; then
-    command -v redis-server >/dev/null || { echo "needs redis-server: apt-get install -y redis-server" >&2; exit 1; }
-    rp=$(free_port)
-    taskset -c 1 redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null & pids+=($!)
-  fi
-done
+redis_if_named "$@"
 
 # Send $2 GETs to port $1 on one keep-alive connection, one after the other.
 send() {
@@ -51,7 +44,7 @@ base=""
 for row in "$@"; do
   IFS== read -r label bin cfg <<<"$row"
   port=$(free_port) admin=$(free_port)
-  sed "s/__UPSTREAM__/127.0.0.1:$up/; s|__TMP__|$dir|; s/__REDIS__/127.0.0.1:$rp/" "$cfg" > "$dir/$label.yaml"
+  gateway_config "$cfg" "$dir/$label.yaml"
   taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$dir/$label.cg" \
     "$bin" -c "$dir/$label.yaml" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
     >"$dir/$label.out" 2>"$dir/$label.log" & pid=$!
