@@ -18,7 +18,7 @@ pub struct ServerSettings {
     /// Tokio's work-stealing runtime shared by the threads (`true`), or a single-threaded
     /// runtime per thread, each connection on one of them (`false`). Default: work-stealing
     /// with more than one thread; with one there is nothing to steal from, and the
-    /// single-threaded runtime cost 9-14% less CPU per request (`loadtest/RESULTS.md`).
+    /// single-threaded runtime cost 2-14% less CPU per request (`loadtest/RESULTS.md`).
     pub work_stealing: bool,
     /// In-flight requests get this long to finish on shutdown.
     pub grace_period: Duration,
