@@ -16,6 +16,7 @@
 # Where things run: PROXY_CPUS (default 0) for the measured proxies, LOAD_CPUS (default 1) for
 # wrk, the upstream and Redis, as taskset CPU lists. PROXY_CPUS=0,1 LOAD_CPUS=0,1 shares both
 # cores between everything (for proxies with two threads or workers).
+#   start_redis               a redis-server on $LOAD_CPUS, its port in $rp
 #   redis_if_named ROW...     when a ROW's config (LABEL=BINARY=CONFIG) names __REDIS__, start a
 #                             redis-server on $LOAD_CPUS and set $rp to its port (else rp="")
 #   gateway_config ROW_CFG OUT  CONFIG with __UPSTREAM__, __TMP__ and __REDIS__ filled in
@@ -106,15 +107,19 @@ start_bench() {
   upstream_nginx "$up" "$dir"
 }
 
+start_redis() {
+  need redis-server redis-server
+  rp=$(free_port)
+  taskset -c "$LOAD_CPUS" redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$dir" >/dev/null & pids+=($!)
+}
+
 redis_if_named() {
   rp=""
   local row
   for row in "$@"; do
     if grep -q __REDIS__ "${row##*=}"; then
-      need redis-server redis-server
-      rp=$(free_port)
-      taskset -c "$LOAD_CPUS" redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no \
-        --dir "$dir" >/dev/null & pids+=($!)
+      start_redis
       return
     fi
   done

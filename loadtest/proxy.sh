@@ -41,8 +41,7 @@ profile=${PROFILE:-production}
 cargo build --profile "$profile" --quiet --bin tollgate --example bare_pingora
 bin=target/$profile/tollgate
 start_bench
-rp=$(free_port)
-taskset -c "$LOAD_CPUS" redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null & pids+=($!)
+start_redis
 
 gateway_yaml() { # limit-line extra
   printf 'server: { threads: %s }\nupstreams: { up: ["127.0.0.1:%s"] }\nroutes: [ { name: all, match: { path_prefix: / }, upstream: up } ]\n%s\n%s\n' \

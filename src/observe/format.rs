@@ -188,18 +188,8 @@ fn quoted(o: &mut Vec<u8>, prefix: &str, v: &str) {
     o.push(b'"');
 }
 
-pub fn push_u64(o: &mut Vec<u8>, mut n: u64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    o.extend_from_slice(&buf[i..]);
+pub fn push_u64(o: &mut Vec<u8>, n: u64) {
+    o.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// `n` in lowercase hex, at least `width` digits.
