@@ -2,7 +2,10 @@
 //! Pingora version, release profile and server settings as tollgate, forwarding every request
 //! to one upstream. The load tests run it beside tollgate (it takes the same flags and reads
 //! the same config, using only its threads and its first route's first upstream server), so
-//! tollgate's own cost per request is the difference.
+//! tollgate's own cost per request is the difference. Its upstream peers carry the same
+//! options as tollgate's (the upstream's connect, read, write and idle timeouts, built by
+//! `tollgate::proxy::peer`); with `--no-peer-timeouts` they carry none, Pingora's defaults,
+//! which measures what the timeouts cost.
 //!
 //!   cargo build --release --example bare_pingora
 //!   target/release/examples/bare_pingora -c gateway.yaml --listen 127.0.0.1:8081 --admin-listen 127.0.0.1:9902
@@ -20,10 +23,13 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::Result;
 use pingora_proxy::{ProxyHttp, Session};
 use std::net::SocketAddr;
-use tollgate::config::{load, Overrides};
+use tollgate::config::{load, Overrides, UpstreamTimeouts};
+use tollgate::proxy::peer;
 
 struct Bare {
     upstream: SocketAddr,
+    /// The upstream's timeouts, or `None` for Pingora's defaults (`--no-peer-timeouts`).
+    timeouts: Option<UpstreamTimeouts>,
 }
 
 #[async_trait]
@@ -33,7 +39,10 @@ impl ProxyHttp for Bare {
     fn new_ctx(&self) {}
 
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
-        Ok(Box::new(HttpPeer::new(self.upstream, false, String::new())))
+        Ok(Box::new(match &self.timeouts {
+            Some(t) => peer(self.upstream, t),
+            None => HttpPeer::new(self.upstream, false, String::new()),
+        }))
     }
 }
 
@@ -65,7 +74,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: bare_pingora -c CONFIG --listen ADDR --admin-listen ADDR";
+    let usage = "usage: bare_pingora -c CONFIG --listen ADDR --admin-listen ADDR [--no-peer-timeouts]";
     let config = PathBuf::from(flag(&args, &["-c", "--config"]).expect(usage));
     let overrides = Overrides {
         listen: flag(&args, &["--listen"]),
@@ -74,7 +83,9 @@ fn main() {
     };
     let cfg = load(&config, &overrides).unwrap_or_else(|e| panic!("{e}"));
     let s = &cfg.startup.server;
-    let upstream = cfg.upstream(cfg.routes[0].upstream).servers[0];
+    let upstream = cfg.upstream(cfg.routes[0].upstream);
+    let timeouts = (!args.iter().any(|a| a == "--no-peer-timeouts")).then_some(upstream.timeouts);
+    let upstream = upstream.servers[0];
     let conf = ServerConf {
         threads: s.threads,
         work_stealing: s.work_stealing,
@@ -86,7 +97,7 @@ fn main() {
     server.bootstrap();
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
-        Bare { upstream },
+        Bare { upstream, timeouts },
         "bare pingora",
     );
     proxy.add_tcp(&s.listen.to_string());

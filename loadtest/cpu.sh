@@ -7,7 +7,9 @@
 # core 1, unless PROXY_CPUS and LOAD_CPUS say otherwise (see bench_lib.sh). Every process is
 # started here on free loopback ports and stopped at the end.
 #
-# Usage: loadtest/cpu.sh [-s SECONDS] [-c CONNECTIONS] [-r ROUNDS] LABEL=BINARY=CONFIG ...
+# Usage: loadtest/cpu.sh [-s SECONDS] [-c CONNECTIONS] [-r ROUNDS] LABEL=BINARY=CONFIG[=FLAGS] ...
+#   FLAGS, when given, are passed to the binary before its config (split on spaces), e.g.
+#   bare0=target/release/examples/bare_pingora=loadtest/configs/no-limits.yaml=--no-peer-timeouts
 #   CONFIG is a gateway.yaml in which __UPSTREAM__ stands for the upstream's host:port,
 #   __TMP__ for a temporary directory removed at the end (for access logs), and __REDIS__ for
 #   a redis-server started here (with wrk) when a config names it.
@@ -32,10 +34,10 @@ redis_if_named "$@"
 labels=()
 declare -A ports gpids
 for row in "$@"; do
-  IFS== read -r label bin cfg <<<"$row"
+  IFS== read -r label bin cfg flags <<<"$row"
   port=$(free_port)
   gateway_config "$cfg" "$dir/$label.yaml"
-  taskset -c "$PROXY_CPUS" "$bin" -c "$dir/$label.yaml" --listen "127.0.0.1:$port" \
+  taskset -c "$PROXY_CPUS" "$bin" ${flags:-} -c "$dir/$label.yaml" --listen "127.0.0.1:$port" \
     --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/$label.log" & pids+=($!)
   labels+=("$label"); ports[$label]=$port; gpids[$label]=$!
 done

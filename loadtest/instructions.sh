@@ -7,7 +7,8 @@
 # upstream is NGINX `return 200`. Every process is started here on free loopback ports and
 # stopped at the end.
 #
-# Usage: loadtest/instructions.sh [-n REQUESTS] LABEL=BINARY=CONFIG ...
+# Usage: loadtest/instructions.sh [-n REQUESTS] LABEL=BINARY=CONFIG[=FLAGS] ...
+#   FLAGS as for cpu.sh (passed to the binary before its config).
 #   CONFIG as for cpu.sh (__UPSTREAM__ and __TMP__ are substituted; __REDIS__ too, for which
 #   a redis-server is started on core 1 when a config names it). With KEEP=DIR the callgrind
 #   files are kept there as LABEL.cg.*, for callgrind_annotate.
@@ -42,11 +43,11 @@ echo "| row | instructions per request | ÷ ${1%%=*} |"
 echo "|---|---|---|"
 base=""
 for row in "$@"; do
-  IFS== read -r label bin cfg <<<"$row"
+  IFS== read -r label bin cfg flags <<<"$row"
   port=$(free_port) admin=$(free_port)
   gateway_config "$cfg" "$dir/$label.yaml"
   taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$dir/$label.cg" \
-    "$bin" -c "$dir/$label.yaml" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
+    "$bin" ${flags:-} -c "$dir/$label.yaml" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
     >"$dir/$label.out" 2>"$dir/$label.log" & pid=$!
   pids+=($pid)
   for _ in $(seq 240); do curl -sf "http://127.0.0.1:$admin/healthz" >/dev/null && break; sleep 0.5; done

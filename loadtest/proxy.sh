@@ -14,7 +14,10 @@
 # Rows (ROWS to pick; all by default):
 #   nginx       NGINX reverse proxy + limit_req with a zone that never denies, upstream keepalive
 #   haproxy     HAProxy + a stick-table request-rate rule that never denies
-#   bare        examples/bare_pingora: Pingora ProxyHttp, no filters (the floor)
+#   bare        examples/bare_pingora: Pingora ProxyHttp, no filters, tollgate's upstream
+#               peer options (the floor)
+#   bare0       the same with Pingora's default peer options, no upstream timeouts (not in
+#               the default rows; it measures what the timeouts cost)
 #   nolimits    tollgate, one route, no limits
 #   memory      tollgate, one per-IP sliding_window limit on the memory store (never denies)
 #   redis       the same limit on the Redis store (Redis on core 1)
@@ -87,10 +90,12 @@ backend be
 CONF
       taskset -c "$PROXY_CPUS" haproxy -f "$dir/haproxy.cfg" -db & pids+=($!)
       measured[$row]=$! ;;
-    bare)
-      gateway_yaml "" "" > "$dir/bare.yaml"
-      taskset -c "$PROXY_CPUS" "target/$profile/examples/bare_pingora" -c "$dir/bare.yaml" --listen "127.0.0.1:$p" \
-        --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/bare.log" & pids+=($!)
+    bare|bare0)
+      local bare_flags=()
+      [ "$row" = bare0 ] && bare_flags=(--no-peer-timeouts)
+      gateway_yaml "" "" > "$dir/$row.yaml"
+      taskset -c "$PROXY_CPUS" "target/$profile/examples/bare_pingora" "${bare_flags[@]}" -c "$dir/$row.yaml" --listen "127.0.0.1:$p" \
+        --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/$row.log" & pids+=($!)
       measured[$row]=$! ;;
     nolimits|memory|redis|accesslog)
       local extra="" redis_flag=()

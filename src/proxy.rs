@@ -8,7 +8,7 @@
 //! Phase: every request. One config snapshot is taken at the start and used to the end, so a
 //! reload never changes a request half-way.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -20,7 +20,7 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::admission::{self, Admitted, Refused, Report, Request};
 use crate::config::reload::ConfigHandle;
-use crate::config::{Config, LimitId, OnError, RouteId};
+use crate::config::{Config, LimitId, OnError, RouteId, UpstreamTimeouts};
 use crate::conn::ConnState;
 use crate::head;
 use crate::headers;
@@ -178,6 +178,19 @@ fn content_length(req: &RequestHeader) -> Option<u64> {
         .ok()
 }
 
+/// The Pingora peer for one upstream server, with the upstream's timeouts: what tollgate
+/// hands Pingora for every proxied request (`examples/bare_pingora` builds its peers here
+/// too, so the framework's floor is measured with the same settings).
+pub fn peer(addr: SocketAddr, t: &UpstreamTimeouts) -> HttpPeer {
+    let mut peer = HttpPeer::new(addr, false, String::new());
+    peer.options.connection_timeout = Some(t.connect);
+    peer.options.total_connection_timeout = Some(t.connect);
+    peer.options.read_timeout = Some(t.read);
+    peer.options.write_timeout = Some(t.write);
+    peer.options.idle_timeout = Some(t.idle);
+    peer
+}
+
 /// Step 0: the head's checks, and the rewrite to the path's normal form.
 fn check_head(cfg: &Config, session: &mut Session) -> std::result::Result<(), Refused> {
     let head_bytes = head::head_bytes(session);
@@ -286,16 +299,9 @@ impl ProxyHttp for Gateway {
             return Error::e_explain(ErrorType::InternalError, "no route selected");
         };
         let upstream = cfg.upstream(cfg.routes[route].upstream);
-        let t = upstream.timeouts;
         let addr = upstream.pick();
         ctx.obs.upstream(addr);
-        let mut peer = HttpPeer::new(addr, false, String::new());
-        peer.options.connection_timeout = Some(t.connect);
-        peer.options.total_connection_timeout = Some(t.connect);
-        peer.options.read_timeout = Some(t.read);
-        peer.options.write_timeout = Some(t.write);
-        peer.options.idle_timeout = Some(t.idle);
-        Ok(Box::new(peer))
+        Ok(Box::new(peer(addr, &upstream.timeouts)))
     }
 
     async fn upstream_request_filter(
