@@ -161,7 +161,7 @@ impl Gateway {
         let started = std::time::Instant::now();
         let outcome =
             admission::admit(&self.store, &request, self.clock.now_ms(), &mut report).await;
-        self.observer.decided(cfg, &report, started.elapsed());
+        self.observer.decided(cfg, &report, started);
         log_report(cfg, &caller, &report);
         outcome
     }
@@ -222,10 +222,12 @@ fn log_report(cfg: &Config, caller: &Caller<'_>, report: &Report) {
 
 #[async_trait]
 impl ProxyHttp for Gateway {
-    type CTX = RequestCtx;
+    /// Boxed: Pingora keeps the context inside each request's future, which it moves (and,
+    /// through `async_trait`, boxes) whole, so a pointer is cheaper to carry than 400 bytes.
+    type CTX = Box<RequestCtx>;
 
-    fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::default()
+    fn new_ctx(&self) -> Box<RequestCtx> {
+        Box::default()
     }
 
     /// The head has been read: the connection is busy (no head deadline while the request
@@ -234,7 +236,7 @@ impl ProxyHttp for Gateway {
     async fn early_request_filter(
         &self,
         session: &mut Session,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
         ctx.obs = self.observer.begin(session);
         // The one config snapshot this request runs on.
@@ -261,7 +263,7 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
-    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Box<RequestCtx>) -> Result<bool> {
         let cfg = match &ctx.config {
             Some(c) => c.clone(),
             None => self.config.snapshot(),
@@ -293,7 +295,7 @@ impl ProxyHttp for Gateway {
     async fn upstream_peer(
         &self,
         _session: &mut Session,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> Result<Box<HttpPeer>> {
         let (Some(cfg), Some(route)) = (&ctx.config, ctx.route) else {
             return Error::e_explain(ErrorType::InternalError, "no route selected");
@@ -308,7 +310,7 @@ impl ProxyHttp for Gateway {
         &self,
         _session: &mut Session,
         upstream_request: &mut RequestHeader,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
         const X_FORWARDED_FOR: StaticHeaderName = StaticHeaderName::from_static("x-forwarded-for");
         const X_REQUEST_ID: StaticHeaderName = StaticHeaderName::from_static(observe::REQUEST_ID);
@@ -339,7 +341,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         upstream_response: &mut ResponseHeader,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
         ctx.obs.upstream_answered();
         if self.lifecycle.draining() {
@@ -371,7 +373,7 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         body: &mut Option<Bytes>,
         _end_of_stream: bool,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
         if let (Some(max), Some(b)) = (ctx.max_body, body.as_ref()) {
             ctx.body_bytes += b.len() as u64;
@@ -390,7 +392,7 @@ impl ProxyHttp for Gateway {
     /// same when the context drops; either way it happens exactly once. The connection now
     /// waits for its next head at most `server.keepalive_timeout`. Then its metrics and
     /// access-log line.
-    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Box<RequestCtx>) {
         ctx.slots = None;
         ctx.in_flight = None;
         if let Some(conn) = ConnState::of(session) {
@@ -409,7 +411,7 @@ impl ProxyHttp for Gateway {
     /// A client that goes away mid-request (closed, reset, a failed read or write on its side)
     /// is routine, not the gateway's error: not logged at ERROR, where it would bury real
     /// upstream and gateway failures. It is logged at debug.
-    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, e: &Error) -> bool {
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Box<RequestCtx>, e: &Error) -> bool {
         let client_gone = matches!(e.esource(), ErrorSource::Downstream)
             && matches!(
                 e.etype(),
@@ -425,7 +427,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         e: &Error,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> FailToProxy {
         let refusal = match e.etype() {
             ErrorType::HTTPStatus(code) => Ok(Refusal::from_status(*code)),

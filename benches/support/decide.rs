@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use http::{HeaderMap, Method};
-use std::time::Duration;
 
 use tollgate::admission::{admit, Admitted, Report, Request};
 use tollgate::config::Config;
@@ -113,7 +112,7 @@ pub fn decide_and_count(
     now: u64,
 ) -> Admitted {
     let (admitted, report) = decide(cfg, store, headers, peer, "/x", now);
-    observer.decided(cfg, &report, Duration::from_micros(1));
+    observer.decided(cfg, &report, std::time::Instant::now());
     admitted
 }
 

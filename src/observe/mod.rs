@@ -68,6 +68,9 @@ pub struct Record {
     verdict: Verdict,
     degraded: Option<OnError>,
     upstream: Option<SocketAddr>,
+    /// Whether the access log was on when the request began: only its line shows the
+    /// upstream's time, so only then is the upstream timed (two clock reads).
+    logged: bool,
     upstream_start: Option<Instant>,
     upstream_time: Option<Duration>,
 }
@@ -80,10 +83,12 @@ impl Record {
         self.user.clone_from(&caller.user);
     }
 
-    /// The upstream server picked; its time starts now.
+    /// The upstream server picked; its time starts now (when the access log will show it).
     pub fn upstream(&mut self, addr: SocketAddr) {
         self.upstream = Some(addr);
-        self.upstream_start = Some(Instant::now());
+        if self.logged {
+            self.upstream_start = Some(Instant::now());
+        }
     }
 
     /// The upstream's response head arrived.
@@ -192,7 +197,8 @@ impl Observer {
     /// sent a usable one. (Request ids tie log lines to the upstream's; forwarding one costs
     /// about 2% of a proxied request, so it is part of the access log's cost.)
     pub fn begin(&self, session: &Session) -> Record {
-        let make_id = self.logging.load().enabled
+        let logged = self.logging.load().enabled;
+        let make_id = logged
             && !session
                 .req_header()
                 .headers
@@ -201,16 +207,18 @@ impl Observer {
         Record {
             start: Some(Instant::now()),
             generated_id: make_id.then(|| self.requests.fetch_add(1, Ordering::Relaxed)),
+            logged,
             ..Record::default()
         }
     }
 
-    /// What admission decided, `took` long: decisions by limit, failure policies, check time
-    /// and quota use.
-    pub fn decided(&self, cfg: &Arc<Config>, report: &Report, took: Duration) {
+    /// What admission decided, since `started`: decisions by limit, failure policies, check
+    /// time and quota use. A request no limit applied to is not a check (nor a clock read).
+    pub fn decided(&self, cfg: &Arc<Config>, report: &Report, started: Instant) {
         if report.decided.is_empty() && report.failed.is_empty() {
             return;
         }
+        let took = started.elapsed();
         self.with_labels(cfg, |l| {
             for d in &report.decided {
                 l.decision(d.limit, d.outcome, d.source);
