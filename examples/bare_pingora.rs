@@ -74,7 +74,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: bare_pingora -c CONFIG --listen ADDR --admin-listen ADDR [--no-peer-timeouts]";
+    let usage =
+        "usage: bare_pingora -c CONFIG --listen ADDR --admin-listen ADDR [--no-peer-timeouts]";
     let config = PathBuf::from(flag(&args, &["-c", "--config"]).expect(usage));
     let overrides = Overrides {
         listen: flag(&args, &["--listen"]),
@@ -89,6 +90,7 @@ fn main() {
     let conf = ServerConf {
         threads: s.threads,
         work_stealing: s.work_stealing,
+        upstream_keepalive_pool_size: s.upstream_keepalive_pool,
         grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()

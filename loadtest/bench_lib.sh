@@ -116,9 +116,10 @@ start_redis() {
 
 redis_if_named() {
   rp=""
-  local row
+  local row label bin cfg
   for row in "$@"; do
-    if grep -q __REDIS__ "${row##*=}"; then
+    IFS== read -r label bin cfg _ <<<"$row"
+    if grep -q __REDIS__ "$cfg"; then
       start_redis
       return
     fi

@@ -1,11 +1,13 @@
 //! A small upstream for the quick start and the integration tests: it echoes each request as
 //! JSON and counts what it served.
 //!
-//! `GET /__demo/stats` returns `{"requests", "in_flight", "max_in_flight"}` (not counted);
-//! `POST /__demo/reset` zeroes them. Any other request is counted and echoed (method, path,
+//! `GET /__demo/stats` returns `{"requests", "in_flight", "max_in_flight", "connections"}`
+//! (not counted; `connections`: the distinct client connections, by address, that counted
+//! requests came on); `POST /__demo/reset` zeroes them. Any other request is counted and echoed (method, path,
 //! the raw target as received, query, headers, body). The header
 //! `x-demo-delay-ms` holds the response that long; `x-demo-status` picks the status code.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -25,6 +27,8 @@ pub struct DemoUpstream {
     requests: AtomicU64,
     in_flight: AtomicU64,
     max_in_flight: AtomicU64,
+    /// The client addresses counted requests came from: one per connection.
+    connections: parking_lot::Mutex<HashSet<String>>,
 }
 
 struct InFlight<'a>(&'a AtomicU64);
@@ -59,17 +63,22 @@ impl ServeHttp for DemoUpstream {
                         "requests": self.requests.load(Ordering::SeqCst),
                         "in_flight": self.in_flight.load(Ordering::SeqCst),
                         "max_in_flight": self.max_in_flight.load(Ordering::SeqCst),
+                        "connections": self.connections.lock().len(),
                     }),
                 )
             }
             ("POST", "/__demo/reset") => {
                 self.requests.store(0, Ordering::SeqCst);
                 self.max_in_flight.store(0, Ordering::SeqCst);
+                self.connections.lock().clear();
                 return json_response(200, json!({ "reset": true }));
             }
             _ => {}
         }
         self.requests.fetch_add(1, Ordering::SeqCst);
+        if let Some(addr) = session.client_addr() {
+            self.connections.lock().insert(addr.to_string());
+        }
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_in_flight.fetch_max(now, Ordering::SeqCst);
         let _guard = InFlight(&self.in_flight);

@@ -263,7 +263,11 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
-    async fn request_filter(&self, session: &mut Session, ctx: &mut Box<RequestCtx>) -> Result<bool> {
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut Box<RequestCtx>,
+    ) -> Result<bool> {
         let cfg = match &ctx.config {
             Some(c) => c.clone(),
             None => self.config.snapshot(),

@@ -77,6 +77,7 @@ fn pingora_conf(s: &ServerSettings) -> ServerConf {
     ServerConf {
         threads: s.threads,
         work_stealing: s.work_stealing,
+        upstream_keepalive_pool_size: s.upstream_keepalive_pool,
         // Pingora's grace period is a fixed sleep; the lifecycle exits as soon as the requests
         // in flight are done, and this is only the backstop (rounded up to whole seconds).
         grace_period_seconds: Some(s.grace_period.as_secs_f64().ceil() as u64 + 1),
@@ -244,6 +245,7 @@ fn log_start(cfg: &crate::config::Config, max_connections: usize, upgrade: bool)
         limits = cfg.limits.len(),
         threads = s.threads,
         work_stealing = s.work_stealing,
+        upstream_keepalive_pool = s.upstream_keepalive_pool,
         store = %cfg.startup.store.backend,
         quotas = cfg.startup.quotas.as_ref().map_or("none", |q| q.backend_name()),
         max_connections,

@@ -136,6 +136,10 @@ impl Startup {
                 "server.max_connections",
                 a.max_connections != b.max_connections,
             ),
+            (
+                "server.upstream_keepalive_pool",
+                a.upstream_keepalive_pool != b.upstream_keepalive_pool,
+            ),
             ("server.upgrade_sock", a.upgrade_sock != b.upgrade_sock),
             ("store.backend", s.backend != t.backend),
             ("store.url/cluster_nodes/sentinel", s.redis != t.redis),

@@ -27,6 +27,8 @@ pub struct Server {
     pub keepalive_timeout: Option<String>,
     /// Connections the proxy listener holds at most.
     pub max_connections: Option<usize>,
+    /// Idle upstream connections kept for reuse per worker thread, over all upstreams.
+    pub upstream_keepalive_pool: Option<usize>,
     pub max_request_header_bytes: Option<usize>,
     pub max_uri_bytes: Option<usize>,
     pub max_body_bytes: Option<u64>,

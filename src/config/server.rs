@@ -28,6 +28,13 @@ pub struct ServerSettings {
     pub header_timeout: Duration,
     /// Connections the proxy listener holds at most; `None`: 90% of the open-file limit.
     pub max_connections: Option<usize>,
+    /// Idle upstream connections kept for reuse, per worker thread (Pingora's pool is one,
+    /// sized this times `threads`), over all upstreams. A response whose connection finds the
+    /// pool full closes it, and a later request opens a new one, so the
+    /// pool must hold as many as there are requests in flight at a peak: with 300 in flight,
+    /// Pingora's default of 128 made each request cost 1.5x the CPU (`loadtest/RESULTS.md`).
+    /// Only connections a peak needed are ever open; each closes after the upstream's `idle`.
+    pub upstream_keepalive_pool: usize,
     /// Where a `--upgrade` process takes the listening sockets over; `None`: derived from the
     /// proxy port.
     pub upgrade_sock: Option<PathBuf>,
@@ -143,6 +150,10 @@ pub(super) fn validate(
     let max_connections = r
         .max_connections
         .map(|n| errs.at_least_one("server.max_connections", n, 1));
+    let upstream_keepalive_pool = match r.upstream_keepalive_pool {
+        Some(n) => errs.at_least_one("server.upstream_keepalive_pool", n, 1),
+        None => defaults::UPSTREAM_KEEPALIVE_POOL,
+    };
     let upgrade_sock = r.upgrade_sock.as_deref().map(PathBuf::from);
     if upgrade_sock.as_ref().is_some_and(|p| !p.is_absolute()) {
         errs.at("server.upgrade_sock", "must be an absolute path");
@@ -157,6 +168,7 @@ pub(super) fn validate(
         drain_period,
         header_timeout,
         max_connections,
+        upstream_keepalive_pool,
         upgrade_sock,
     };
     (server, http)

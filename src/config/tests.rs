@@ -134,6 +134,26 @@ fn one_thread_runs_without_work_stealing_unless_asked() {
 }
 
 #[test]
+fn the_upstream_keepalive_pool_defaults_to_1024_per_thread_and_is_a_startup_setting() {
+    let pool = |server: &str| {
+        check(&format!("{MIN}server: {{ {server} }}\n"))
+            .map(|c| c.startup.server.upstream_keepalive_pool)
+    };
+    assert_eq!(pool("threads: 1"), Ok(1024));
+    assert_eq!(pool("upstream_keepalive_pool: 64"), Ok(64));
+    assert_eq!(
+        pool("upstream_keepalive_pool: 0").unwrap_err(),
+        ["gateway.yaml: server.upstream_keepalive_pool: must be at least 1"]
+    );
+    let a = check(MIN).unwrap();
+    let b = check(&format!("{MIN}server: {{ upstream_keepalive_pool: 64 }}\n")).unwrap();
+    assert_eq!(
+        a.startup.changes(&b.startup),
+        ["server.upstream_keepalive_pool"]
+    );
+}
+
+#[test]
 fn startup_changes_are_named() {
     let a = check(MIN).unwrap();
     let b = check(&format!(

@@ -25,6 +25,8 @@ pub struct Stats {
     pub requests: u64,
     pub in_flight: u64,
     pub max_in_flight: u64,
+    /// Distinct client connections the counted requests came on.
+    pub connections: u64,
 }
 
 impl Upstream {

@@ -1,0 +1,135 @@
+//! The framework's floor: a Pingora `ProxyHttp` with no filters at all, built with the same
+//! Pingora version, release profile and server settings as tollgate, forwarding every request
+//! to one upstream. The load tests run it beside tollgate (it takes the same flags and reads
+//! the same config, using only its threads and its first route's first upstream server), so
+//! tollgate's own cost per request is the difference. Its upstream peers carry the same
+//! options as tollgate's (the upstream's connect, read, write and idle timeouts, built by
+//! `tollgate::proxy::peer`); with `--no-peer-timeouts` they carry none, Pingora's defaults,
+//! which measures what the timeouts cost.
+//!
+//!   cargo build --release --example bare_pingora
+//!   target/release/examples/bare_pingora -c gateway.yaml --listen 127.0.0.1:8081 --admin-listen 127.0.0.1:9902
+
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use http::Response;
+use pingora_core::apps::http_app::ServeHttp;
+use pingora_core::protocols::http::ServerSession;
+use pingora_core::server::configuration::ServerConf;
+use pingora_core::server::Server;
+use pingora_core::services::listening::Service;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_error::Result;
+use pingora_proxy::{ProxyHttp, Session};
+use std::net::SocketAddr;
+use tollgate::config::{load, Overrides, UpstreamTimeouts};
+use tollgate::proxy::peer;
+
+struct Bare {
+    upstream: SocketAddr,
+    /// The upstream's timeouts, or `None` for Pingora's defaults (`--no-peer-timeouts`).
+    timeouts: Option<UpstreamTimeouts>,
+}
+
+#[async_trait]
+impl ProxyHttp for Bare {
+    type CTX = ();
+
+    fn new_ctx(&self) {}
+
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
+        let mut p = match &self.timeouts {
+            Some(t) => peer(self.upstream, t),
+            None => HttpPeer::new(self.upstream, false, String::new()),
+        };
+        if let Some(n) = env("TG_PEER_RCVBUF") {
+            p.options.tcp_recv_buf = Some(n);
+        }
+        Ok(Box::new(p))
+    }
+}
+
+/// `/healthz` (anything, in fact) answers 200, so the load tests can wait for it.
+struct Health;
+
+#[async_trait]
+impl ServeHttp for Health {
+    async fn response(&self, _session: &mut ServerSession) -> Response<Vec<u8>> {
+        Response::builder()
+            .status(200)
+            .header("content-length", 2)
+            .body(b"ok".to_vec())
+            .expect("a response")
+    }
+}
+
+fn env(k: &str) -> Option<usize> {
+    let a: Vec<String> = std::env::args().collect();
+    a.windows(2)
+        .find(|w| w[0] == k)
+        .and_then(|w| w[1].parse().ok())
+}
+
+fn flag(args: &[String], names: &[&str]) -> Option<String> {
+    args.windows(2)
+        .find(|w| names.contains(&w[0].as_str()))
+        .map(|w| w[1].clone())
+}
+
+/// The allocator, as a measured choice (`loadtest/RESULTS.md`): built with `--features
+/// mimalloc`, every allocation goes to mimalloc instead of glibc's malloc.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage =
+        "usage: bare_pingora -c CONFIG --listen ADDR --admin-listen ADDR [--no-peer-timeouts]";
+    let config = PathBuf::from(flag(&args, &["-c", "--config"]).expect(usage));
+    let overrides = Overrides {
+        listen: flag(&args, &["--listen"]),
+        admin_listen: flag(&args, &["--admin-listen"]),
+        ..Overrides::default()
+    };
+    let cfg = load(&config, &overrides).unwrap_or_else(|e| panic!("{e}"));
+    let s = &cfg.startup.server;
+    let upstream = cfg.upstream(cfg.routes[0].upstream);
+    let timeouts = (!args.iter().any(|a| a == "--no-peer-timeouts")).then_some(upstream.timeouts);
+    let upstream = upstream.servers[0];
+    let conf = ServerConf {
+        threads: s.threads,
+        work_stealing: s.work_stealing,
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(1),
+        ..ServerConf::default()
+    };
+    let mut conf = conf;
+    if let Some(n) = env("TG_POOL") {
+        conf.upstream_keepalive_pool_size = n;
+    }
+    if env("TG_TOKIO_TIMEOUTS").is_some() {
+        conf.fast_timeout_to_tokio_threshold_seconds = Some(0);
+    }
+    eprintln!(
+        "pool {} tokio {:?}",
+        conf.upstream_keepalive_pool_size, conf.fast_timeout_to_tokio_threshold_seconds
+    );
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    let mut proxy = pingora_proxy::http_proxy_service_with_name(
+        &server.configuration,
+        Bare { upstream, timeouts },
+        "bare pingora",
+    );
+    let mut o = pingora_core::listeners::TcpSocketOptions::default();
+    o.tcp_snd_buf = env("TG_SNDBUF");
+    o.tcp_recv_buf = env("TG_RCVBUF");
+    proxy.add_tcp_with_settings(&s.listen.to_string(), o);
+    let mut admin = Service::new("bare health".to_string(), Health);
+    admin.add_tcp(&s.admin_listen.to_string());
+    server.add_service(proxy);
+    server.add_service(admin);
+    server.run_forever()
+}
