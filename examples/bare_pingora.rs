@@ -25,6 +25,7 @@ use pingora_proxy::{ProxyHttp, Session};
 use std::net::SocketAddr;
 use tollgate::config::{load, Overrides, UpstreamTimeouts};
 use tollgate::proxy::peer;
+use tollgate::server::pingora_conf;
 
 struct Bare {
     upstream: SocketAddr,
@@ -88,12 +89,9 @@ fn main() {
     let timeouts = (!args.iter().any(|a| a == "--no-peer-timeouts")).then_some(upstream.timeouts);
     let upstream = upstream.servers[0];
     let conf = ServerConf {
-        threads: s.threads,
-        work_stealing: s.work_stealing,
-        upstream_keepalive_pool_size: s.upstream_keepalive_pool,
         grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(1),
-        ..ServerConf::default()
+        ..pingora_conf(s)
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();

@@ -73,11 +73,16 @@ pub fn upgrade_sock(s: &ServerSettings) -> PathBuf {
     })
 }
 
-fn pingora_conf(s: &ServerSettings) -> ServerConf {
+/// Pingora's settings for the proxy (`examples/bare_pingora` runs on them too).
+pub fn pingora_conf(s: &ServerSettings) -> ServerConf {
     ServerConf {
         threads: s.threads,
         work_stealing: s.work_stealing,
         upstream_keepalive_pool_size: s.upstream_keepalive_pool,
+        // Every upstream timeout of a second or more on tokio's timer, not Pingora's shared
+        // "fast" timer map (a lock, a B-tree and a clock thread ticking every 10 ms): fewer
+        // instructions per request and less CPU (`loadtest/RESULTS.md`).
+        fast_timeout_to_tokio_threshold_seconds: Some(0),
         // Pingora's grace period is a fixed sleep; the lifecycle exits as soon as the requests
         // in flight are done, and this is only the backstop (rounded up to whole seconds).
         grace_period_seconds: Some(s.grace_period.as_secs_f64().ceil() as u64 + 1),
