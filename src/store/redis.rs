@@ -21,7 +21,7 @@ use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{RedisError, Script, ScriptInvocation};
+use redis::{RedisError, Script};
 use std::sync::{Arc, LazyLock};
 use tokio::sync::Mutex as AsyncMutex;
 
@@ -32,7 +32,10 @@ use super::breaker::{Admission, Breaker, State as BreakerState, Transition};
 use super::{Check, ErrorKind, Local, StoreError, FALLBACK_MAX_KEYS};
 use crate::config::{BreakerSettings, Topology};
 use crate::limit::Algorithm;
+use call::Call;
 
+/// One script call (EVALSHA, NOSCRIPT handled), built without per-argument allocations.
+mod call;
 /// Rate-limit checks, with quota leases: the check script's calls.
 mod check;
 /// Concurrency slots (`kind: concurrency`): their own take and release scripts.
@@ -128,10 +131,10 @@ pub fn algorithm_code(a: Algorithm) -> u8 {
 /// A key and its quota as every script reads them: the algorithm's code, limit, window (ms)
 /// and burst; the caller adds what its script takes next.
 pub(super) fn quota_key<'s, 'a>(
-    inv: &'s mut ScriptInvocation<'a>,
-    key: &str,
+    inv: &'s mut Call<'a>,
+    key: &'a str,
     q: &crate::limit::Quota,
-) -> &'s mut ScriptInvocation<'a> {
+) -> &'s mut Call<'a> {
     inv.key(key)
         .arg(algorithm_code(q.algorithm))
         .arg(q.limit)
@@ -350,11 +353,7 @@ impl RedisStore {
     }
 
     /// One call through the circuit breaker, with a deadline.
-    async fn guarded(
-        &self,
-        inv: &ScriptInvocation<'_>,
-        deadline: Duration,
-    ) -> Result<Vec<i64>, StoreError> {
+    async fn guarded(&self, inv: &Call<'_>, deadline: Duration) -> Result<Vec<i64>, StoreError> {
         let (admission, t) = self.breaker.admit(Instant::now());
         self.log_transition(t);
         if admission == Admission::Reject {
@@ -393,7 +392,7 @@ impl RedisStore {
         result
     }
 
-    async fn invoke(&self, inv: &ScriptInvocation<'_>) -> Result<Vec<i64>, RedisError> {
+    async fn invoke(&self, inv: &Call<'_>) -> Result<Vec<i64>, RedisError> {
         match &self.conn {
             Conn::Single(client, lazy) => {
                 let m = lazy
@@ -404,7 +403,7 @@ impl RedisStore {
                         )
                     })
                     .await?;
-                inv.invoke_async(&mut (*m).clone()).await
+                inv.invoke(&mut (*m).clone()).await
             }
             Conn::Cluster(lazy) => {
                 let nodes = match &self.topology {
@@ -422,7 +421,7 @@ impl RedisStore {
                             .await
                     })
                     .await?;
-                inv.invoke_async(&mut (*c).clone()).await
+                inv.invoke(&mut (*c).clone()).await
             }
             Conn::Sentinel(s) => {
                 let timeout = self.timeout;
@@ -433,7 +432,7 @@ impl RedisStore {
                         ConnectionManager::new_lazy_with_config(client, manager_config(timeout))
                     })
                     .await?;
-                inv.invoke_async(&mut (*m).clone()).await
+                inv.invoke(&mut (*m).clone()).await
             }
         }
     }
@@ -481,7 +480,7 @@ impl RedisStore {
     /// circuit breaker: not ready while the breaker is open; after the cooldown this call can
     /// be the probe that closes it, so readiness recovers even without request traffic.
     pub async fn ping(&self) -> bool {
-        let mut inv = CHECK_SCRIPTS.by_algorithm[0].prepare_invoke();
+        let mut inv = Call::new(&CHECK_SCRIPTS.by_algorithm[0]);
         inv.arg("");
         self.guarded(&inv, self.timeout.max(Duration::from_millis(250)))
             .await

@@ -5,10 +5,9 @@
 //! Phase: `request_filter`.
 
 use redis::cluster_routing::Slot;
-use redis::ScriptInvocation;
 use smallvec::SmallVec;
 
-use super::{quota_key, Conn, RedisStore, CHECK_SCRIPTS};
+use super::{quota_key, Call, Conn, RedisStore, CHECK_SCRIPTS};
 use crate::limit::Decision;
 use crate::store::{Check, Decisions, StoreError};
 
@@ -110,7 +109,7 @@ impl RedisStore {
         out: &mut Decisions,
         took: &mut Took,
     ) -> Result<(bool, u64), StoreError> {
-        let mut inv: ScriptInvocation<'_> = CHECK_SCRIPTS.for_checks(checks, idx).prepare_invoke();
+        let mut inv = Call::new(CHECK_SCRIPTS.for_checks(checks, idx));
         if self.explicit_time {
             inv.arg(now);
         } else {

@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::RedisStore;
+use super::{Call, RedisStore};
 use crate::store::{Claim, InUse, StoreError};
 
 /// Takes one slot of every limit of a request, all or nothing.
@@ -45,7 +45,7 @@ impl RedisStore {
         in_use.clear();
         in_use.resize(claims.len(), 0);
         for (g, group) in groups.iter().enumerate() {
-            let mut inv = TAKE.prepare_invoke();
+            let mut inv = Call::new(&TAKE);
             inv.arg(member);
             for &i in group {
                 let c = &claims[i];
@@ -96,7 +96,7 @@ impl RedisStore {
     pub async fn release_slots(&self, keys: &[String], member: &str) -> Result<u64, StoreError> {
         let mut freed = 0;
         for group in self.slot_groups(keys) {
-            let mut inv = RELEASE.prepare_invoke();
+            let mut inv = Call::new(&RELEASE);
             inv.arg(member);
             for &i in &group {
                 inv.key(&keys[i]);

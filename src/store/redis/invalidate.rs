@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::Script;
 
-use super::{Conn, RedisStore};
+use super::{Call, Conn, RedisStore};
 use crate::config::Topology;
 use crate::store::lease::Leases;
 use crate::store::over_limit::{Invalidation, OverLimitCache};
@@ -32,7 +32,7 @@ impl RedisStore {
 
     /// Tell every gateway (this one too) to drop what `inv` names.
     pub async fn publish_invalidation(&self, inv: &Invalidation) -> Result<(), StoreError> {
-        let mut call = PUBLISH.prepare_invoke();
+        let mut call = Call::new(&PUBLISH);
         call.arg(self.invalidation_channel()).arg(inv.encode());
         self.guarded(&call, self.timeout.max(Duration::from_millis(250)))
             .await

@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::{key_tag, quota_key, RedisStore};
+use super::{key_tag, quota_key, Call, RedisStore};
 use crate::store::lease::Ended;
 use crate::store::StoreError;
 
@@ -28,7 +28,7 @@ impl RedisStore {
             .collect();
         let (mut back, mut dropped) = (0, 0);
         for group in self.slot_groups(&keys) {
-            let mut inv = RETURN.prepare_invoke();
+            let mut inv = Call::new(&RETURN);
             for &i in &group {
                 let e = &ended[i];
                 quota_key(&mut inv, &keys[i], &e.quota)

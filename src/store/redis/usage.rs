@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::{algorithm_code, quota_key, RedisStore};
+use super::{algorithm_code, quota_key, Call, RedisStore};
 use crate::store::{Check, StoreError};
 
 /// The algorithms and the read-only dispatcher.
@@ -38,7 +38,7 @@ impl RedisStore {
         let keys: Vec<String> = checks.iter().map(|c| self.base_key(c)).collect();
         let mut at = 0;
         for group in self.slot_groups(&keys) {
-            let mut inv = PEEK.prepare_invoke();
+            let mut inv = Call::new(&PEEK);
             inv.arg("");
             for &i in &group {
                 quota_key(&mut inv, &keys[i], &checks[i].quota);
@@ -63,7 +63,7 @@ impl RedisStore {
         let keys: Vec<String> = checks.iter().map(|c| self.base_key(c)).collect();
         let mut removed = 0;
         for group in self.slot_groups(&keys) {
-            let mut inv = RESET.prepare_invoke();
+            let mut inv = Call::new(&RESET);
             for &i in &group {
                 let q = checks[i].quota;
                 inv.key(&keys[i])
