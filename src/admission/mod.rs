@@ -192,6 +192,17 @@ pub async fn admit(
 }
 
 impl Request<'_> {
+    /// Whether any limit, of either kind, is listed for this request's route or its caller's
+    /// tier (whether it then applies depends on the caller: see `applicable`). A request
+    /// with none skips admission, and its clock reads, altogether.
+    pub fn has_limits(&self) -> bool {
+        let route = &self.route.limits;
+        let tier = self.caller.tier.map(|t| &self.cfg.tiers[t].limits);
+        !route.rate.is_empty()
+            || !route.concurrency.is_empty()
+            || tier.is_some_and(|t| !t.rate.is_empty() || !t.concurrency.is_empty())
+    }
+
     /// The counter key of the limit named `name` with key `parts` for this request: BLAKE3 of
     /// the name and the caller's key parts. `None` when the request lacks a part (no API key,
     /// no such header): then the limit does not apply to it.
