@@ -970,11 +970,12 @@ async fn malformed_api_keys_are_400() {
 // ---------------------------------------------------------------------------------------
 
 /// `server.upstream_keepalive_pool`: idle upstream connections are kept for reuse, up to the
-/// pool's size per worker thread over all upstreams (one thread here). Three rounds of 20 requests, each round all held at the
-/// upstream at once (so each needs a connection of its own): with the default pool the later
-/// rounds reuse the first round's 20 connections; with a pool of 2, each later round finds 2
-/// and opens 18 (`loadtest/RESULTS.md`: a pool smaller than the requests in flight made each
-/// request cost 1.5x the CPU).
+/// pool's size per worker thread over all upstreams (one thread here). Three rounds of 20
+/// requests, each round all held at the upstream at once for 2 s (so each needs a connection
+/// of its own, and a slow machine still gets all 20 there in time): with the default pool the
+/// later rounds reuse the first round's 20 connections; with a pool of 2, each later round
+/// finds 2 and opens 18 (`loadtest/RESULTS.md`: a pool smaller than the requests in flight
+/// made each request cost 1.5x the CPU).
 #[tokio::test(flavor = "multi_thread")]
 async fn upstream_connections_are_reused_up_to_the_keepalive_pool() {
     const N: u64 = 20;
@@ -994,7 +995,7 @@ async fn upstream_connections_are_reused_up_to_the_keepalive_pool() {
             for i in 0..N {
                 let (c, url) = (c.clone(), gw.url(&format!("/r{round}/{i}")));
                 set.spawn(
-                    async move { get(&c, &url, &[("x-demo-delay-ms", "1000")]).await.status },
+                    async move { get(&c, &url, &[("x-demo-delay-ms", "2000")]).await.status },
                 );
             }
             up.wait_in_flight(N).await;
