@@ -3,8 +3,9 @@
 //!
 //! `GET /__demo/stats` returns `{"requests", "in_flight", "max_in_flight", "connections"}`
 //! (not counted; `connections`: the distinct client connections, by address, that counted
-//! requests came on); `POST /__demo/reset` zeroes them. Any other request is counted and echoed (method, path,
-//! the raw target as received, query, headers, body). The header
+//! requests came on, up to [`MAX_CONNECTIONS_COUNTED`]); `POST /__demo/reset` zeroes them.
+//! Any other request is counted and echoed (method, path, the raw target as received, query,
+//! headers, body). The header
 //! `x-demo-delay-ms` holds the response that long; `x-demo-status` picks the status code.
 
 use std::collections::HashSet;
@@ -18,6 +19,10 @@ use pingora_core::protocols::http::ServerSession;
 use serde_json::json;
 
 use crate::admin::json_response;
+
+/// The distinct connections `/__demo/stats` counts at most, so a long-running demo upstream's
+/// memory stays bounded.
+pub const MAX_CONNECTIONS_COUNTED: usize = 65_536;
 
 /// The longest `x-demo-delay-ms` honoured.
 pub const MAX_DELAY_MS: u64 = 60_000;
@@ -77,7 +82,10 @@ impl ServeHttp for DemoUpstream {
         }
         self.requests.fetch_add(1, Ordering::SeqCst);
         if let Some(addr) = session.client_addr() {
-            self.connections.lock().insert(addr.to_string());
+            let mut seen = self.connections.lock();
+            if seen.len() < MAX_CONNECTIONS_COUNTED {
+                seen.insert(addr.to_string());
+            }
         }
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_in_flight.fetch_max(now, Ordering::SeqCst);

@@ -21,8 +21,8 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// An idle keep-alive connection is closed after this.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Idle upstream connections kept for reuse per worker thread, all upstreams together
-/// (Pingora's own default is 128, which a gateway with more requests in flight than that outgrows: see
-/// `ServerSettings::upstream_keepalive_pool`).
+/// (Pingora's own default is 128, which a gateway with more requests in flight than that
+/// outgrows: see `ServerSettings::upstream_keepalive_pool`).
 pub const UPSTREAM_KEEPALIVE_POOL: usize = 1024;
 /// `max_connections` is this share of the open-file limit (after raising soft to hard).
 pub const MAX_CONNECTIONS_SHARE: f64 = 0.9;

@@ -30,10 +30,10 @@ pub struct ServerSettings {
     pub max_connections: Option<usize>,
     /// Idle upstream connections kept for reuse, per worker thread (Pingora's pool is one,
     /// sized this times `threads`), over all upstreams. A response whose connection finds the
-    /// pool full closes it, and a later request opens a new one, so the
-    /// pool must hold as many as there are requests in flight at a peak: with 300 in flight,
-    /// Pingora's default of 128 made each request cost 1.5x the CPU (`loadtest/RESULTS.md`).
-    /// Only connections a peak needed are ever open; each closes after the upstream's `idle`.
+    /// pool full closes it, and a later request opens a new one, so the pool must hold as many
+    /// as there are requests in flight at a peak: with 300 in flight, Pingora's default of 128
+    /// made each request cost 1.5x the CPU (`loadtest/RESULTS.md`). Only connections a peak
+    /// needed are ever open; each closes after the upstream's `idle`.
     pub upstream_keepalive_pool: usize,
     /// Where a `--upgrade` process takes the listening sockets over; `None`: derived from the
     /// proxy port.
