@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use http::Response;
 use pingora_core::apps::http_app::ServeHttp;
 use pingora_core::protocols::http::ServerSession;
+use pingora_core::protocols::l4::socket::SocketAddr;
 use serde_json::json;
 
 use crate::admin::json_response;
@@ -33,7 +34,7 @@ pub struct DemoUpstream {
     in_flight: AtomicU64,
     max_in_flight: AtomicU64,
     /// The client addresses counted requests came from: one per connection.
-    connections: parking_lot::Mutex<HashSet<String>>,
+    connections: parking_lot::Mutex<HashSet<SocketAddr>>,
 }
 
 struct InFlight<'a>(&'a AtomicU64);
@@ -84,7 +85,7 @@ impl ServeHttp for DemoUpstream {
         if let Some(addr) = session.client_addr() {
             let mut seen = self.connections.lock();
             if seen.len() < MAX_CONNECTIONS_COUNTED {
-                seen.insert(addr.to_string());
+                seen.insert(addr.clone());
             }
         }
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;

@@ -75,28 +75,26 @@ pub fn upgrade_sock(s: &ServerSettings) -> PathBuf {
 
 /// Pingora's settings for the proxy (`examples/bare_pingora` runs on them too).
 pub fn pingora_conf(s: &ServerSettings) -> ServerConf {
-    ServerConf {
+    let mut conf = ServerConf {
         threads: s.threads,
         work_stealing: s.work_stealing,
         upstream_keepalive_pool_size: s.upstream_keepalive_pool,
-        // On single-threaded runtimes, every upstream timeout of a second or more runs on the
-        // runtime's own tokio timer, not Pingora's shared "fast" timer map (a lock, a B-tree
-        // and a clock thread ticking every 10 ms): with one thread, 1-2% fewer instructions
-        // and 0-6% less CPU per request. On the work-stealing runtime, tokio's timer cost 6-9%
-        // more CPU with a limit (two threads), so Pingora's default stays
-        // (`loadtest/RESULTS.md`).
-        fast_timeout_to_tokio_threshold_seconds: if s.work_stealing {
-            ServerConf::default().fast_timeout_to_tokio_threshold_seconds
-        } else {
-            Some(0)
-        },
         // Pingora's grace period is a fixed sleep; the lifecycle exits as soon as the requests
         // in flight are done, and this is only the backstop (rounded up to whole seconds).
         grace_period_seconds: Some(s.grace_period.as_secs_f64().ceil() as u64 + 1),
         graceful_shutdown_timeout_seconds: Some(1),
         upgrade_sock: upgrade_sock(s).display().to_string(),
         ..ServerConf::default()
+    };
+    // On single-threaded runtimes, every upstream timeout of a second or more runs on the
+    // runtime's own tokio timer, not Pingora's shared "fast" timer map (a lock, a B-tree and a
+    // clock thread ticking every 10 ms): with one thread, 1-2% fewer instructions and 0-6% less
+    // CPU per request. On the work-stealing runtime, tokio's timer cost 6-9% more CPU with a
+    // limit (two threads), so Pingora's default stays (`loadtest/RESULTS.md`).
+    if !s.work_stealing {
+        conf.fast_timeout_to_tokio_threshold_seconds = Some(0);
     }
+    conf
 }
 
 struct Maintenance {
