@@ -24,7 +24,7 @@
 #                             on exit, and the upstream on 127.0.0.1:$up
 # Every process started here is appended to the caller's `pids` array, for its EXIT trap.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-need() { command -v "$1" >/dev/null || { echo "needs $1: apt-get install -y $2" >&2; exit 1; }; }
+need() { command -v "$1" >/dev/null || { echo "needs $1: scripts/setup.sh --bench (or apt-get install -y $2)" >&2; exit 1; }; }
 tree() { echo "$1" $(pgrep -P "$1" 2>/dev/null || true); }
 ticks() {
   local p

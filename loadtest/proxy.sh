@@ -159,5 +159,5 @@ PY
   done
   echo "(oha -q $rate -c$conns -z${secs}s with latency correction: half of the slowest row's peak)"
 else
-  echo "(fixed-rate run skipped: install oha with 'cargo install --locked oha')" >&2
+  echo "(fixed-rate run skipped: install oha with 'scripts/setup.sh --bench' or 'cargo install --locked oha')" >&2
 fi

