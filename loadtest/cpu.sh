@@ -25,7 +25,7 @@ done
 shift $((OPTIND - 1))
 [ $# -ge 1 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
 for t in nginx wrk taskset python3; do
-  command -v $t >/dev/null || { echo "needs $t: apt-get install -y nginx wrk util-linux python3" >&2; exit 1; }
+  command -v $t >/dev/null || { echo "needs $t: scripts/setup.sh --bench (or apt-get install -y nginx wrk util-linux python3)" >&2; exit 1; }
 done
 source loadtest/bench_lib.sh
 start_bench

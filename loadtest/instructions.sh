@@ -21,7 +21,7 @@ done
 shift $((OPTIND - 1))
 [ $# -ge 1 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
 for t in nginx valgrind callgrind_control python3 taskset curl; do
-  command -v $t >/dev/null || { echo "needs $t: apt-get install -y nginx valgrind python3 util-linux curl" >&2; exit 1; }
+  command -v $t >/dev/null || { echo "needs $t: scripts/setup.sh --bench (or apt-get install -y nginx valgrind python3 util-linux curl)" >&2; exit 1; }
 done
 source loadtest/bench_lib.sh
 start_bench

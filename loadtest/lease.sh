@@ -24,7 +24,7 @@ while getopts s:c:r:b:B:R:o: o; do
   esac
 done
 for t in nginx wrk taskset python3 redis-server redis-cli; do
-  command -v $t >/dev/null || { echo "needs $t: apt-get install -y nginx wrk util-linux python3 redis-server redis-tools" >&2; exit 1; }
+  command -v $t >/dev/null || { echo "needs $t: scripts/setup.sh --bench (or apt-get install -y nginx wrk util-linux python3 redis-server redis-tools)" >&2; exit 1; }
 done
 [ -x "$bin" ] || { echo "no $bin: cargo build --release --bin tollgate" >&2; exit 1; }
 source loadtest/bench_lib.sh
