@@ -11,6 +11,10 @@
 -- then 1 if the request was admitted (and every admitting limit consumed `cost`), else 0;
 -- then the time decided at (ms), so every gateway reports resets on Redis's clock;
 -- then, only when extras were passed, the units each limit leased (0 unless admitted).
+-- The integers come as one string, in decimal, separated by spaces, not as an array: the
+-- gateway's client parses one value instead of one per integer (about 5k instructions less
+-- per call, loadtest/RESULTS.md). `%d` truncates toward zero, as Redis does when it turns a
+-- Lua number into an integer reply.
 -- Numeric arguments are converted by arithmetic (x + 0), which costs Redis about half what a
 -- tonumber call does; every one of them is a decimal integer the gateway wrote.
 local now
@@ -23,6 +27,7 @@ else
   SLACK = 60000
 end
 local n = #KEYS
+local R6, R7 = '%d %d %d %d %d %d', '%d %d %d %d %d %d %d'
 local leasing = #ARGV > 1 + 6 * n
 -- Defined only for calls that lease: a closure made on every call costs Redis time.
 local lease
@@ -49,14 +54,15 @@ if n == 1 then
       local took, taken
       took, remaining, reset, op, key, a, b, ttl, taken = lease(1, ARGV[8], cost, remaining, reset, op, key, a, b, ttl)
       apply(op, key, a, b, ttl, now, taken or ARGV[6])
-      return { 1, remaining, reset, 0, 1, now, took }
+      return string.format(R7, 1, remaining, reset, 0, 1, now, took)
     end
     apply(op, key, a, b, ttl, now, ARGV[6])
-    if leasing then return { 1, remaining, reset, 0, 1, now, 0 } end
-    return { 1, remaining, reset, 0, 1, now }
+    if leasing then return string.format(R7, 1, remaining, reset, 0, 1, now, 0) end
+    return string.format(R6, 1, remaining, reset, 0, 1, now)
   end
-  if leasing then return { 0, remaining, reset, math.max(retry, 1), ARGV[7] == '1' and 1 or 0, now, 0 } end
-  return { 0, remaining, reset, math.max(retry, 1), ARGV[7] == '1' and 1 or 0, now }
+  local shadow = ARGV[7] == '1' and 1 or 0
+  if leasing then return string.format(R7, 0, remaining, reset, math.max(retry, 1), shadow, now, 0) end
+  return string.format(R6, 0, remaining, reset, math.max(retry, 1), shadow, now)
 end
 local out, writes, admit, took = {}, {}, true, {}
 for i = 1, n do
@@ -91,4 +97,5 @@ out[n * 4 + 2] = now
 if leasing then
   for i = 1, n do out[n * 4 + 2 + i] = admit and took[i] or 0 end
 end
-return out
+for i = 1, #out do out[i] = string.format('%d', out[i]) end
+return table.concat(out, ' ')

@@ -9,7 +9,7 @@
 //! which is safe because `NOSCRIPT` means it did not run (what `ScriptInvocation` does too).
 
 use redis::aio::ConnectionLike;
-use redis::{Arg, Cmd, RedisResult, Script, ServerErrorKind, ToRedisArgs};
+use redis::{Arg, Cmd, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
 use smallvec::SmallVec;
 
 /// The keys and arguments of one call of `script`; the keys are `KEYS`, the arguments `ARGV`,
@@ -70,7 +70,7 @@ impl<'a> Call<'a> {
     }
 
     /// Run the call; on `NOSCRIPT`, load the script and run it once more.
-    pub async fn invoke(&self, con: &mut impl ConnectionLike) -> RedisResult<Vec<i64>> {
+    pub async fn invoke<T: FromRedisValue>(&self, con: &mut impl ConnectionLike) -> RedisResult<T> {
         let cmd = self.command();
         match cmd.query_async(con).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {

@@ -127,14 +127,9 @@ impl RedisStore {
                 inv.arg(extra[i]);
             }
         }
-        let reply = self.guarded(&inv, self.timeout).await?;
+        let reply: String = self.guarded(&inv, self.timeout).await?;
         let leased = if leasing { idx.len() } else { 0 };
-        if reply.len() != idx.len() * 4 + 2 + leased {
-            return Err(StoreError::Reply(format!(
-                "{} values from the check script",
-                reply.len()
-            )));
-        }
+        let reply = integers(&reply, idx.len() * 4 + 2 + leased)?;
         let n = |v: i64| v.max(0) as u64;
         out.extend(
             idx.iter()
@@ -154,5 +149,48 @@ impl RedisStore {
             }
         }
         Ok((reply[idx.len() * 4] == 1, at))
+    }
+}
+
+/// The check script's reply: `expected` decimal integers separated by single spaces
+/// (`lua/check.lua` says why it is one string and not an array).
+fn integers(reply: &str, expected: usize) -> Result<SmallVec<[i64; 8]>, StoreError> {
+    let bad = || StoreError::Reply(format!("check script replied {reply:?}"));
+    let mut out = SmallVec::new();
+    for part in reply.split(' ') {
+        out.push(part.parse::<i64>().map_err(|_| bad())?);
+    }
+    if out.len() != expected {
+        return Err(StoreError::Reply(format!(
+            "{} values from the check script, not {expected}",
+            out.len()
+        )));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_is_exactly_the_expected_count_of_decimal_integers() {
+        let r = integers("1 99 60000 0 1 1764032400123", 6).unwrap();
+        assert_eq!(r.as_slice(), &[1, 99, 60000, 0, 1, 1_764_032_400_123]);
+        assert_eq!(
+            integers("0 -3 5 1 0 7 2", 7).unwrap().as_slice(),
+            &[0, -3, 5, 1, 0, 7, 2]
+        );
+        for (bad, expected) in [
+            ("1 99 60000 0 1", 6),
+            ("1 99 60000 0 1 2 3", 6),
+            ("1 99 60000 0 1 1.5", 6),
+            ("1  99 60000 0 1 2", 6),
+            ("", 6),
+            ("1 99 60000 0 1 99999999999999999999", 6),
+        ] {
+            let e = integers(bad, expected).unwrap_err();
+            assert!(matches!(e, StoreError::Reply(_)), "{bad:?}: {e}");
+        }
     }
 }

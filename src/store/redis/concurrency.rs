@@ -54,7 +54,7 @@ impl RedisStore {
                     .arg(c.timeout_ms)
                     .arg(u8::from(c.shadow));
             }
-            let reply = self.guarded(&inv, self.timeout).await;
+            let reply = self.guarded::<Vec<i64>>(&inv, self.timeout).await;
             let reply = match reply {
                 Ok(r) if r.len() == group.len() + 1 => r,
                 other => {
@@ -101,7 +101,7 @@ impl RedisStore {
             for &i in &group {
                 inv.key(&keys[i]);
             }
-            let reply = self.guarded(&inv, self.timeout).await?;
+            let reply: Vec<i64> = self.guarded(&inv, self.timeout).await?;
             freed += reply.first().map_or(0, |&n| n.max(0) as u64);
         }
         Ok(freed)

@@ -35,7 +35,7 @@ impl RedisStore {
                     .arg(e.units)
                     .arg(e.window);
             }
-            let reply = self.guarded(&inv, self.timeout).await?;
+            let reply: Vec<i64> = self.guarded(&inv, self.timeout).await?;
             let [b, d] = reply[..] else {
                 return Err(StoreError::Reply(format!(
                     "{} values from the lease return script",
