@@ -128,15 +128,10 @@ pub fn algorithm_code(a: Algorithm) -> u8 {
     }
 }
 
-/// A key and its quota as every script reads them: the algorithm's code, limit, window (ms)
-/// and burst; the caller adds what its script takes next.
-pub(super) fn quota_key<'s, 'a>(
-    inv: &'s mut Call<'a>,
-    key: &'a str,
-    q: &crate::limit::Quota,
-) -> &'s mut Call<'a> {
-    inv.key(key)
-        .arg(algorithm_code(q.algorithm))
+/// A key's quota as every script reads it: the algorithm's code, limit, window (ms) and
+/// burst; the caller adds what its script takes next.
+pub(super) fn quota<'s, 'a>(inv: &'s mut Call<'a>, q: &crate::limit::Quota) -> &'s mut Call<'a> {
+    inv.arg(algorithm_code(q.algorithm))
         .arg(q.limit)
         .arg(q.window_ms)
         .arg(q.burst)
@@ -486,7 +481,7 @@ impl RedisStore {
     /// circuit breaker: not ready while the breaker is open; after the cooldown this call can
     /// be the probe that closes it, so readiness recovers even without request traffic.
     pub async fn ping(&self) -> bool {
-        let mut inv = Call::new(&CHECK_SCRIPTS.by_algorithm[0]);
+        let mut inv = Call::new(&CHECK_SCRIPTS.by_algorithm[0], std::iter::empty());
         inv.arg("");
         self.guarded::<String>(&inv, self.timeout.max(Duration::from_millis(250)))
             .await

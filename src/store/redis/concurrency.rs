@@ -45,14 +45,11 @@ impl RedisStore {
         in_use.clear();
         in_use.resize(claims.len(), 0);
         for (g, group) in groups.iter().enumerate() {
-            let mut inv = Call::new(&TAKE);
+            let mut inv = Call::new(&TAKE, group.iter().map(|&i| keys[i].as_str()));
             inv.arg(member);
             for &i in group {
                 let c = &claims[i];
-                inv.key(&keys[i])
-                    .arg(c.cap)
-                    .arg(c.timeout_ms)
-                    .arg(u8::from(c.shadow));
+                inv.arg(c.cap).arg(c.timeout_ms).arg(u8::from(c.shadow));
             }
             let reply = self.guarded::<Vec<i64>>(&inv, self.timeout).await;
             let reply = match reply {
@@ -96,11 +93,8 @@ impl RedisStore {
     pub async fn release_slots(&self, keys: &[String], member: &str) -> Result<u64, StoreError> {
         let mut freed = 0;
         for group in self.slot_groups(keys) {
-            let mut inv = Call::new(&RELEASE);
+            let mut inv = Call::new(&RELEASE, group.iter().map(|&i| keys[i].as_str()));
             inv.arg(member);
-            for &i in &group {
-                inv.key(&keys[i]);
-            }
             let reply: Vec<i64> = self.guarded(&inv, self.timeout).await?;
             freed += reply.first().map_or(0, |&n| n.max(0) as u64);
         }

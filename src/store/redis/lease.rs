@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::{key_tag, quota_key, Call, RedisStore};
+use super::{key_tag, quota, Call, RedisStore};
 use crate::store::lease::Ended;
 use crate::store::StoreError;
 
@@ -28,12 +28,10 @@ impl RedisStore {
             .collect();
         let (mut back, mut dropped) = (0, 0);
         for group in self.slot_groups(&keys) {
-            let mut inv = Call::new(&RETURN);
+            let mut inv = Call::new(&RETURN, group.iter().map(|&i| keys[i].as_str()));
             for &i in &group {
                 let e = &ended[i];
-                quota_key(&mut inv, &keys[i], &e.quota)
-                    .arg(e.units)
-                    .arg(e.window);
+                quota(&mut inv, &e.quota).arg(e.units).arg(e.window);
             }
             let reply: Vec<i64> = self.guarded(&inv, self.timeout).await?;
             let [b, d] = reply[..] else {

@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::{algorithm_code, quota_key, Call, RedisStore};
+use super::{algorithm_code, quota, Call, RedisStore};
 use crate::store::{Check, StoreError};
 
 /// The algorithms and the read-only dispatcher.
@@ -38,10 +38,10 @@ impl RedisStore {
         let keys: Vec<String> = checks.iter().map(|c| self.base_key(c)).collect();
         let mut at = 0;
         for group in self.slot_groups(&keys) {
-            let mut inv = Call::new(&PEEK);
+            let mut inv = Call::new(&PEEK, group.iter().map(|&i| keys[i].as_str()));
             inv.arg("");
             for &i in &group {
-                quota_key(&mut inv, &keys[i], &checks[i].quota);
+                quota(&mut inv, &checks[i].quota);
             }
             let reply: Vec<i64> = self.guarded(&inv, self.timeout).await?;
             if reply.len() != group.len() * 2 + 1 {
@@ -63,11 +63,10 @@ impl RedisStore {
         let keys: Vec<String> = checks.iter().map(|c| self.base_key(c)).collect();
         let mut removed = 0;
         for group in self.slot_groups(&keys) {
-            let mut inv = Call::new(&RESET);
+            let mut inv = Call::new(&RESET, group.iter().map(|&i| keys[i].as_str()));
             for &i in &group {
                 let q = checks[i].quota;
-                inv.key(&keys[i])
-                    .arg(format!("{}:{}", algorithm_code(q.algorithm), q.window_ms));
+                inv.arg(format!("{}:{}", algorithm_code(q.algorithm), q.window_ms));
             }
             let reply: Vec<i64> = self.guarded(&inv, self.timeout).await?;
             removed += reply.first().map_or(0, |&n| n.max(0) as u64);
