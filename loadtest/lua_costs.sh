@@ -9,13 +9,16 @@
 #           INCR+EXPIRE, TIME+INCRBY, the sliding_window script before and now; 7 interleaved
 #           rounds, medians.
 # Usage: loadtest/lua_costs.sh [before-rev] [requests-for-redis-benchmark]
+#   BEFORE_FILES: the lua/ files (without .lua) the "before" script is made of, in order;
+#   default the 8e6ace5 layout, all five algorithms. For a revision whose scripts carry one
+#   algorithm each: BEFORE_FILES="prelude sliding_window check".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 before=${1:-8e6ace5}
 n=${2:-300000}
 source loadtest/redis_lib.sh
 
-old=$(for f in prelude sliding_window fixed_window sliding_log token_bucket gcra check; do
+old=$(for f in ${BEFORE_FILES:-prelude sliding_window fixed_window sliding_log token_bucket gcra check}; do
   git show "$before:lua/$f.lua"; done)
 new=$(cat lua/prelude.lua lua/sliding_window.lua lua/check.lua)
 # The check scripts' arguments: now (Redis clock), algorithm 1, limit, window, burst, cost, shadow.

@@ -22,6 +22,9 @@
 //! 7. Sentinel failover away from a master that is stopped (SIGSTOP), not dead: the gateway
 //!    must follow the new master too.
 //! 8. The local fallback limiter starts empty when each outage starts (as the README says).
+//! 9. A connection whose replies stopped for good, without being closed (the TCP proxy stops
+//!    relaying on it): requests follow their policy at the deadline, and the gateway replaces
+//!    the connection once it has been silent for 5 s, so Redis decides again.
 //!
 //! Test 1 drives the kill with one connection sending back to back (then bursts of 8
 //! connections once the breaker is open): with several calls in flight at the kill, each of them
@@ -1023,5 +1026,94 @@ async fn local_fallback_counters_start_empty_when_each_outage_starts() {
         vec![5, 5],
         "limit 10 × local_share 0.5 per outage: the README says \"Local counters start empty when \
          the outage starts\", so the second outage admits 5 again"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 9. A connection whose replies stopped for good is replaced.
+// ---------------------------------------------------------------------------------------
+
+/// What `SILENT_CONNECTION` is in the store: how long a single node's connection may answer
+/// nothing, while calls miss their deadlines, before it is replaced.
+const SILENT_CONNECTION: Duration = Duration::from_secs(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_connection_whose_replies_stopped_is_replaced() {
+    let _serial = SERIAL.lock().await;
+    const DEADLINE: Duration = Duration::from_millis(25);
+    let redis = RedisServer::start();
+    let proxy = LatencyProxy::start(loopback(redis.port)).await;
+    let up = Upstream::start().await;
+    // The breaker never opens: every request's check goes to the connection.
+    let yaml = format!(
+        "store: {{ backend: redis, url: \"redis://{}\", key_prefix: stall, timeout: 25ms, breaker: {{ failures: 1000000, min_calls: 1000000 }} }}\n\
+         upstreams: {{ main: [\"{}\"] }}\n\
+         routes:\n\
+         \x20 - {{ name: open, match: {{ path_prefix: / }}, upstream: main, limits: [ {{ name: open-limit, key: [], limit: 1000000, window: 1h, on_error: allow }} ] }}\n",
+        proxy.addr(),
+        up.addr
+    );
+    let gw = Gateway::start(&yaml).await;
+    let c = client();
+    let url = gw.url("/open");
+    let mut last_answer_sent = Instant::now();
+    for i in 0..5 {
+        last_answer_sent = Instant::now();
+        assert!(
+            not_degraded(&c, &url, &[]).await.is_some(),
+            "request {i}: decided by Redis through the proxy"
+        );
+    }
+
+    // The connection's replies stop, and it is not closed: nothing tells the client.
+    let accepted = proxy.accepted();
+    proxy.stall_existing();
+    let stalled = Instant::now();
+    let mut missed = Vec::new();
+    let (recovered, silent) = loop {
+        assert!(
+            stalled.elapsed() < SILENT_CONNECTION + RECOVERY_MARGIN + Duration::from_secs(5),
+            "still not decided by Redis {:?} after its connection stalled ({} requests followed \
+             `on_error: allow`): the silent connection was kept",
+            stalled.elapsed(),
+            missed.len()
+        );
+        let (r, d) = timed_get(&c, &url, &[]).await;
+        assert_eq!(r.status, 200, "{r:#?}");
+        match degraded(&r) {
+            None => break (stalled.elapsed(), last_answer_sent.elapsed()),
+            Some(policy) => {
+                assert_eq!(policy, POLICY_ALLOW, "{r:#?}");
+                assert!(
+                    d < DEADLINE + LATENCY_MARGIN,
+                    "{d:?}: waited on the stalled connection beyond the deadline {DEADLINE:?}"
+                );
+                missed.push(d);
+            }
+        }
+    };
+    println!(
+        "stalled Redis connection: {} requests at the deadline ({}), decided by Redis again {} ms \
+         after the stall",
+        missed.len(),
+        Latency::of(&missed),
+        recovered.as_millis()
+    );
+    // `silent`: since the last request before the stall was sent. The connection last answered
+    // during it, so no sooner (the gateway and this test share the monotonic clock).
+    assert!(
+        silent >= SILENT_CONNECTION,
+        "decided by Redis again {silent:?} after the connection's last answer, sooner than the \
+         {SILENT_CONNECTION:?} a connection may stay silent: a slow reply must not replace it"
+    );
+    assert!(
+        recovered < SILENT_CONNECTION + RECOVERY_MARGIN,
+        "the silent connection was replaced only {recovered:?} after the stall"
+    );
+    assert!(
+        proxy.accepted() > accepted,
+        "Redis decides again, so the gateway made a new connection ({} accepted before the stall, {} now)",
+        accepted,
+        proxy.accepted()
     );
 }

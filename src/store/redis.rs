@@ -209,7 +209,19 @@ pub struct RedisStore {
     pub stats: RedisStats,
     /// The last store call succeeded.
     healthy: AtomicBool,
+    /// When the connection last answered (or was made), in ms since `origin`: see
+    /// [`RedisStore::on_deadline`].
+    answered_ms: AtomicU64,
+    origin: Instant,
 }
+
+/// A single node's connection that has answered nothing for this long while a call missed its
+/// deadline is replaced: its replies may have stopped for good (a peer gone without a reset,
+/// a half-open connection), which nothing else would notice. Only answers within a deadline
+/// are seen (a later reply is discarded by the client), so a Redis slower than every deadline
+/// looks the same and is reconnected to once per this period too: long enough that this stays
+/// rare, short enough that a dead connection is not kept for long.
+const SILENT_CONNECTION: Duration = Duration::from_secs(5);
 
 /// Counters of the store's failures, for `/readyz` and logs.
 #[derive(Debug, Default)]
@@ -232,7 +244,8 @@ pub struct RedisStats {
 /// (the client's was `max(timeout, 100 ms)`), and a second timer per call cost about 1.1k
 /// instructions per Redis-store check (`loadtest/RESULTS.md`). A call that misses the deadline
 /// is dropped, as the client's timeout would drop it; either way its reply is discarded when it
-/// comes.
+/// comes. A connection that stops answering altogether is replaced by
+/// [`RedisStore::on_deadline`].
 fn manager_config() -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
@@ -292,6 +305,8 @@ impl RedisStore {
             fallback: Local::new(FALLBACK_MAX_KEYS),
             stats: RedisStats::default(),
             healthy: AtomicBool::new(true),
+            answered_ms: AtomicU64::new(0),
+            origin: Instant::now(),
         })
     }
 
@@ -365,18 +380,26 @@ impl RedisStore {
             self.stats.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::CircuitOpen);
         }
-        let result = match tokio::time::timeout(deadline, self.invoke(inv)).await {
+        let outcome = tokio::time::timeout(deadline, self.invoke(inv)).await;
+        let now = Instant::now();
+        let result = match outcome {
             Err(_) => {
-                self.on_deadline();
+                self.on_deadline(now);
                 Err(StoreError::Timeout(deadline))
             }
             Ok(Err(e)) => {
+                if matches!(e.kind(), redis::ErrorKind::Server(_)) {
+                    self.answered(now);
+                }
                 self.on_error(&e);
                 Err(StoreError::from_redis(e))
             }
-            Ok(Ok(r)) => Ok(r),
+            Ok(Ok(r)) => {
+                self.answered(now);
+                Ok(r)
+            }
         };
-        self.log_transition(self.breaker.record(result.is_ok(), Instant::now()));
+        self.log_transition(self.breaker.record(result.is_ok(), now));
         if let Err(e) = &result {
             self.stats.failures.fetch_add(1, Ordering::Relaxed);
             let kind = match e.kind() {
@@ -454,11 +477,35 @@ impl RedisStore {
         }
     }
 
-    /// A call missed its deadline. For Sentinel the master may be stopped rather than dead
-    /// (it never answers, not even READONLY), so ask the sentinels again on the next call.
-    fn on_deadline(&self) {
-        if let Conn::Sentinel(s) = &self.conn {
-            s.master.reset();
+    /// The connection answered at `now` (a reply, or an error reply from the server).
+    fn answered(&self, now: Instant) {
+        let ms = now.saturating_duration_since(self.origin).as_millis() as u64;
+        self.answered_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// A call missed its deadline.
+    /// - Sentinel: the master may be stopped rather than dead (it never answers, not even
+    ///   READONLY), so ask the sentinels again on the next call.
+    /// - A single node: the connection is replaced once it has answered nothing for
+    ///   [`SILENT_CONNECTION`]. The client has no response timeout of its own (see
+    ///   [`manager_config`]), and a connection whose replies stopped for good would otherwise
+    ///   be kept, every call on it missing its deadline. The new connection counts as having
+    ///   answered when it is made, so a Redis that stays silent is reconnected to at most once
+    ///   per [`SILENT_CONNECTION`].
+    /// - Cluster: left to the cluster client, which keeps its own response timeout of
+    ///   `max(timeout, 100 ms)` and node handling; not changed here.
+    fn on_deadline(&self, now: Instant) {
+        match &self.conn {
+            Conn::Sentinel(s) => s.master.reset(),
+            Conn::Single(_, l) => {
+                let since = now.saturating_duration_since(self.origin).as_millis() as u64;
+                let silent = since.saturating_sub(self.answered_ms.load(Ordering::Relaxed));
+                if silent >= SILENT_CONNECTION.as_millis() as u64 {
+                    self.answered(now);
+                    l.reset();
+                }
+            }
+            Conn::Cluster(_) => {}
         }
     }
 
