@@ -425,6 +425,8 @@ impl RedisStore {
             Conn::Single(client, lazy) => {
                 let m = lazy
                     .get(|| async {
+                        // A new connection has not been silent yet (`on_deadline`).
+                        self.answered(Instant::now());
                         ConnectionManager::new_lazy_with_config(client.clone(), manager_config())
                     })
                     .await?;
@@ -489,9 +491,9 @@ impl RedisStore {
     /// - A single node: the connection is replaced once it has answered nothing for
     ///   [`SILENT_CONNECTION`]. The client has no response timeout of its own (see
     ///   [`manager_config`]), and a connection whose replies stopped for good would otherwise
-    ///   be kept, every call on it missing its deadline. The new connection counts as having
-    ///   answered when it is made, so a Redis that stays silent is reconnected to at most once
-    ///   per [`SILENT_CONNECTION`].
+    ///   be kept, every call on it missing its deadline. A connection counts as having
+    ///   answered when it is made (`invoke`), so a slow first handshake is not cut short, and a
+    ///   Redis that stays silent is reconnected to at most once per [`SILENT_CONNECTION`].
     /// - Cluster: left to the cluster client, which keeps its own response timeout of
     ///   `max(timeout, 100 ms)` and node handling; not changed here.
     fn on_deadline(&self, now: Instant) {
@@ -501,7 +503,6 @@ impl RedisStore {
                 let since = now.saturating_duration_since(self.origin).as_millis() as u64;
                 let silent = since.saturating_sub(self.answered_ms.load(Ordering::Relaxed));
                 if silent >= SILENT_CONNECTION.as_millis() as u64 {
-                    self.answered(now);
                     l.reset();
                 }
             }
