@@ -24,10 +24,8 @@ while getopts s:c:r: o; do
 done
 shift $((OPTIND - 1))
 [ $# -ge 1 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
-for t in nginx wrk taskset python3; do
-  command -v $t >/dev/null || { echo "needs $t: scripts/setup.sh --bench (or apt-get install -y nginx wrk util-linux python3)" >&2; exit 1; }
-done
 source loadtest/bench_lib.sh
+need nginx nginx; need wrk wrk; need taskset util-linux; need python3 python3
 start_bench
 redis_if_named "$@"
 

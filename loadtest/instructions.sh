@@ -20,10 +20,9 @@ while getopts n: o; do
 done
 shift $((OPTIND - 1))
 [ $# -ge 1 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
-for t in nginx valgrind callgrind_control python3 taskset curl; do
-  command -v $t >/dev/null || { echo "needs $t: scripts/setup.sh --bench (or apt-get install -y nginx valgrind python3 util-linux curl)" >&2; exit 1; }
-done
 source loadtest/bench_lib.sh
+need nginx nginx; need valgrind valgrind; need callgrind_control valgrind
+need python3 python3; need taskset util-linux; need curl curl
 start_bench
 redis_if_named "$@"
 

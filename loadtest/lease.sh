@@ -23,11 +23,10 @@ while getopts s:c:r:b:B:R:o: o; do
     R) base_rows=$OPTARG ;; o) only=$OPTARG ;; *) exit 2 ;;
   esac
 done
-for t in nginx wrk taskset python3 redis-server redis-cli; do
-  command -v $t >/dev/null || { echo "needs $t: scripts/setup.sh --bench (or apt-get install -y nginx wrk util-linux python3 redis-server redis-tools)" >&2; exit 1; }
-done
-[ -x "$bin" ] || { echo "no $bin: cargo build --release --bin tollgate" >&2; exit 1; }
 source loadtest/bench_lib.sh
+need nginx nginx; need wrk wrk; need taskset util-linux; need python3 python3
+need redis-server redis-server; need redis-cli redis-tools
+[ -x "$bin" ] || { echo "no $bin: cargo build --release --bin tollgate" >&2; exit 1; }
 start_bench
 rport=$(free_port)
 taskset -c 1 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null & pids+=($!)
