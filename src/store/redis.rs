@@ -479,10 +479,14 @@ impl RedisStore {
         }
     }
 
+    /// `now` in ms since `origin`, the clock of `answered_ms`.
+    fn ms(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.origin).as_millis() as u64
+    }
+
     /// The connection answered at `now` (a reply, or an error reply from the server).
     fn answered(&self, now: Instant) {
-        let ms = now.saturating_duration_since(self.origin).as_millis() as u64;
-        self.answered_ms.store(ms, Ordering::Relaxed);
+        self.answered_ms.store(self.ms(now), Ordering::Relaxed);
     }
 
     /// A call missed its deadline.
@@ -500,8 +504,8 @@ impl RedisStore {
         match &self.conn {
             Conn::Sentinel(s) => s.master.reset(),
             Conn::Single(_, l) => {
-                let since = now.saturating_duration_since(self.origin).as_millis() as u64;
-                let silent = since.saturating_sub(self.answered_ms.load(Ordering::Relaxed));
+                let answered = self.answered_ms.load(Ordering::Relaxed);
+                let silent = self.ms(now).saturating_sub(answered);
                 if silent >= SILENT_CONNECTION.as_millis() as u64 {
                     l.reset();
                 }
