@@ -339,6 +339,52 @@ async fn gateway_answers_leave_the_connection_usable_or_say_close() {
     }
 }
 
+/// `server.upstream_keepalive_pool`: idle upstream connections are kept for reuse, up to the
+/// pool's size per worker thread over all upstreams (one thread here). Three rounds of 20
+/// requests, each round all held at the upstream at once for 2 s (so each needs a connection
+/// of its own, and a slow machine still gets all 20 there in time): with the default pool the
+/// later rounds reuse the first round's 20 connections; with a pool of 2, each later round
+/// finds 2 and opens 18 (`loadtest/RESULTS.md`: a pool smaller than the requests in flight
+/// made each request cost 1.5x the CPU).
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_connections_are_reused_up_to_the_keepalive_pool() {
+    const N: u64 = 20;
+    for (pool, connections) in [(None, N), (Some(2), N + 2 * (N - 2))] {
+        let up = Upstream::start().await;
+        let server = match pool {
+            None => "server: { threads: 1 }\n".to_string(),
+            Some(p) => format!("server: {{ threads: 1, upstream_keepalive_pool: {p} }}\n"),
+        };
+        let gw = Gateway::start(&format!("{server}{}{DEFAULT_ROUTE}", up.upstreams_yaml())).await;
+        let c = client_builder()
+            .pool_max_idle_per_host(N as usize)
+            .build()
+            .expect("client");
+        for round in 0..3 {
+            let mut set = tokio::task::JoinSet::new();
+            for i in 0..N {
+                let (c, url) = (c.clone(), gw.url(&format!("/r{round}/{i}")));
+                set.spawn(
+                    async move { get(&c, &url, &[("x-demo-delay-ms", "2000")]).await.status },
+                );
+            }
+            up.wait_in_flight(N).await;
+            while let Some(status) = set.join_next().await {
+                assert_eq!(status.expect("request task"), StatusCode::OK);
+            }
+            // The gateway puts a connection back in its pool just after the client has its
+            // answer; the next round must find them all there.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let s = up.stats().await;
+        assert_eq!((s.requests, s.max_in_flight), (3 * N, N));
+        assert_eq!(
+            s.connections, connections,
+            "upstream_keepalive_pool {pool:?}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. 429 after the limit, exact headers
 // ---------------------------------------------------------------------------------------
@@ -969,51 +1015,6 @@ async fn malformed_api_keys_are_400() {
 // 9. Exact admission under concurrency, every algorithm
 // ---------------------------------------------------------------------------------------
 
-/// `server.upstream_keepalive_pool`: idle upstream connections are kept for reuse, up to the
-/// pool's size per worker thread over all upstreams (one thread here). Three rounds of 20
-/// requests, each round all held at the upstream at once for 2 s (so each needs a connection
-/// of its own, and a slow machine still gets all 20 there in time): with the default pool the
-/// later rounds reuse the first round's 20 connections; with a pool of 2, each later round
-/// finds 2 and opens 18 (`loadtest/RESULTS.md`: a pool smaller than the requests in flight
-/// made each request cost 1.5x the CPU).
-#[tokio::test(flavor = "multi_thread")]
-async fn upstream_connections_are_reused_up_to_the_keepalive_pool() {
-    const N: u64 = 20;
-    for (pool, connections) in [(None, N), (Some(2), N + 2 * (N - 2))] {
-        let up = Upstream::start().await;
-        let server = match pool {
-            None => "server: { threads: 1 }\n".to_string(),
-            Some(p) => format!("server: {{ threads: 1, upstream_keepalive_pool: {p} }}\n"),
-        };
-        let gw = Gateway::start(&format!("{server}{}{DEFAULT_ROUTE}", up.upstreams_yaml())).await;
-        let c = client_builder()
-            .pool_max_idle_per_host(N as usize)
-            .build()
-            .expect("client");
-        for round in 0..3 {
-            let mut set = tokio::task::JoinSet::new();
-            for i in 0..N {
-                let (c, url) = (c.clone(), gw.url(&format!("/r{round}/{i}")));
-                set.spawn(
-                    async move { get(&c, &url, &[("x-demo-delay-ms", "2000")]).await.status },
-                );
-            }
-            up.wait_in_flight(N).await;
-            while let Some(status) = set.join_next().await {
-                assert_eq!(status.expect("request task"), StatusCode::OK);
-            }
-            // The gateway puts a connection back in its pool just after the client has its
-            // answer; the next round must find them all there.
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-        let s = up.stats().await;
-        assert_eq!((s.requests, s.max_in_flight), (3 * N, N));
-        assert_eq!(
-            s.connections, connections,
-            "upstream_keepalive_pool {pool:?}"
-        );
-    }
-}
 #[tokio::test(flavor = "multi_thread")]
 async fn exactly_the_limit_is_admitted_under_1000_concurrent_requests() {
     // Windows are 1 h. fixed_window and sliding_window: the test stays clear of an hour
