@@ -212,6 +212,37 @@ fn check_head(cfg: &Config, session: &mut Session) -> std::result::Result<(), Re
     Ok(())
 }
 
+/// The headers an admitted request carries upstream: its id, when the gateway made it, and
+/// `X-Forwarded-For` with the peer appended. Written into the request's own head, which
+/// Pingora copies for the upstream (and again for each retry): the parsed head has room for
+/// them, where the copy, sized to exactly the headers it holds, would grow both its maps.
+fn forwarding_headers(
+    observer: &Observer,
+    req: &mut RequestHeader,
+    ctx: &RequestCtx,
+) -> Result<()> {
+    const X_FORWARDED_FOR: StaticHeaderName = StaticHeaderName::from_static("x-forwarded-for");
+    const X_REQUEST_ID: StaticHeaderName = StaticHeaderName::from_static(observe::REQUEST_ID);
+    let id = ctx.obs.generated_id(observer);
+    // Room for both at once, should the head have none left.
+    req.reserve(1 + usize::from(id.is_some()));
+    if let Some(id) = id {
+        req.insert_header(&X_REQUEST_ID, id)?;
+    }
+    let Some(peer) = ctx.peer else { return Ok(()) };
+    let mut chain = Vec::with_capacity(48);
+    for v in req.headers.get_all(X_FORWARDED_FOR.as_header_name()) {
+        if let Ok(v) = v.to_str() {
+            chain.extend_from_slice(v.as_bytes());
+            chain.extend_from_slice(b", ");
+        }
+    }
+    // Written in place, without `fmt`.
+    observe::format::push_ip(&mut chain, peer);
+    req.insert_header(&X_FORWARDED_FOR, chain)?;
+    Ok(())
+}
+
 /// Shadow limits that would have refused, and store failures the policies answered.
 fn log_report(cfg: &Config, caller: &Caller<'_>, report: &Report) {
     for id in report.shadow_denied() {
@@ -289,6 +320,7 @@ impl ProxyHttp for Gateway {
         // 5. Answer, or proceed upstream with the headers of the decisive limit.
         match decided {
             Ok(admitted) => {
+                forwarding_headers(&self.observer, session.req_header_mut(), ctx)?;
                 ctx.decisive = admitted.decisive;
                 ctx.degraded = admitted.degraded;
                 ctx.decided_at = admitted.decided_at;
@@ -311,37 +343,6 @@ impl ProxyHttp for Gateway {
         let addr = upstream.pick();
         ctx.obs.upstream(addr);
         Ok(Box::new(peer(addr, &upstream.timeouts)))
-    }
-
-    async fn upstream_request_filter(
-        &self,
-        _session: &mut Session,
-        upstream_request: &mut RequestHeader,
-        ctx: &mut Box<RequestCtx>,
-    ) -> Result<()> {
-        const X_FORWARDED_FOR: StaticHeaderName = StaticHeaderName::from_static("x-forwarded-for");
-        const X_REQUEST_ID: StaticHeaderName = StaticHeaderName::from_static(observe::REQUEST_ID);
-        let id = ctx.obs.generated_id(&self.observer);
-        // Room for the two headers at once: the head is sized to the headers it came with.
-        upstream_request.reserve(1 + usize::from(id.is_some()));
-        if let Some(id) = id {
-            upstream_request.insert_header(&X_REQUEST_ID, id)?;
-        }
-        let Some(peer) = ctx.peer else { return Ok(()) };
-        let mut chain = Vec::with_capacity(48);
-        for v in upstream_request
-            .headers
-            .get_all(X_FORWARDED_FOR.as_header_name())
-        {
-            if let Ok(v) = v.to_str() {
-                chain.extend_from_slice(v.as_bytes());
-                chain.extend_from_slice(b", ");
-            }
-        }
-        // Written in place, without `fmt`.
-        observe::format::push_ip(&mut chain, peer);
-        upstream_request.insert_header(&X_FORWARDED_FOR, chain)?;
-        Ok(())
     }
 
     async fn response_filter(
