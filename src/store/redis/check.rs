@@ -132,7 +132,9 @@ impl RedisStore {
                 inv.arg(extra[i]);
             }
         }
-        let reply: String = self.guarded(&inv, self.timeout).await?;
+        // The bulk string's bytes as Redis sent them: the reply is checked digit by digit
+        // below, so a UTF-8 pass first would be a second read of the same bytes.
+        let reply: Vec<u8> = self.guarded(&inv, self.timeout).await?;
         let leased = if leasing { idx.len() } else { 0 };
         let reply = integers(&reply, idx.len() * 4 + 2 + leased)?;
         let n = |v: i64| v.max(0) as u64;
@@ -163,11 +165,14 @@ impl RedisStore {
 /// 16 digits, and times in ms have 13). Read in
 /// one pass over the bytes: `str`'s `split` and `parse` cost 1.4k instructions for a
 /// one-limit reply, this about a fifth.
-fn integers(reply: &str, expected: usize) -> Result<SmallVec<[i64; 8]>, StoreError> {
-    let bad = || StoreError::Reply(format!("check script replied {reply:?}"));
+fn integers(reply: &[u8], expected: usize) -> Result<SmallVec<[i64; 8]>, StoreError> {
+    let bad = || {
+        let reply = String::from_utf8_lossy(reply);
+        StoreError::Reply(format!("check script replied {reply:?}"))
+    };
     let mut out = SmallVec::new();
     let (mut v, mut negative, mut digits) = (0i64, false, 0u32);
-    for &b in reply.as_bytes() {
+    for &b in reply {
         match b {
             b'0'..=b'9' if digits < 18 => {
                 v = v * 10 + i64::from(b - b'0');
@@ -200,10 +205,10 @@ mod tests {
 
     #[test]
     fn a_reply_is_exactly_the_expected_count_of_decimal_integers() {
-        let r = integers("1 99 60000 0 1 1764032400123", 6).unwrap();
+        let r = integers(b"1 99 60000 0 1 1764032400123", 6).unwrap();
         assert_eq!(r.as_slice(), &[1, 99, 60000, 0, 1, 1_764_032_400_123]);
         assert_eq!(
-            integers("0 -3 5 1 0 7 2", 7).unwrap().as_slice(),
+            integers(b"0 -3 5 1 0 7 2", 7).unwrap().as_slice(),
             &[0, -3, 5, 1, 0, 7, 2]
         );
         for (bad, expected) in [
@@ -220,7 +225,7 @@ mod tests {
             ("1 99 60000 0 1 --2", 6),
             ("1 99 60000 0 1 2-", 6),
         ] {
-            let e = integers(bad, expected).unwrap_err();
+            let e = integers(bad.as_bytes(), expected).unwrap_err();
             assert!(matches!(e, StoreError::Reply(_)), "{bad:?}: {e}");
         }
     }
