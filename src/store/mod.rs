@@ -15,6 +15,7 @@
 //! synchronously under short shard locks that are never held across an await.
 
 pub mod breaker;
+pub mod deadlines;
 pub mod key;
 pub mod lease;
 mod leased;

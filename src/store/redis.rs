@@ -13,8 +13,10 @@
 //! denial. Within a group the check is all-or-nothing; across groups a denial in a later group
 //! does not undo what earlier groups consumed.
 //!
-//! Phase: `request_filter`. Every call has its own deadline (`store.timeout`).
+//! Phase: `request_filter`. Every call has its own deadline (`store.timeout`), kept by the
+//! store's one timer thread ([`super::deadlines`]).
 
+use std::pin::pin;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -29,6 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::breaker::{Admission, Breaker, State as BreakerState, Transition};
+use super::deadlines::{Deadlines, Elapsed};
 use super::{Check, ErrorKind, Local, StoreError, FALLBACK_MAX_KEYS};
 use crate::config::{BreakerSettings, Topology};
 use crate::limit::Algorithm;
@@ -200,6 +203,8 @@ pub struct RedisStore {
     topology: Topology,
     prefix: String,
     timeout: Duration,
+    /// The deadlines of calls that wait `timeout`: one timer thread, not a timer per call.
+    deadlines: Deadlines,
     /// Production: false, the script reads Redis's clock. Tests replaying decision sequences
     /// pass their own time.
     explicit_time: bool,
@@ -300,6 +305,7 @@ impl RedisStore {
             topology,
             prefix: prefix.to_string(),
             timeout,
+            deadlines: Deadlines::new(timeout),
             explicit_time: false,
             breaker: Breaker::new(BreakerSettings::default(), Instant::now()),
             fallback: Local::new(FALLBACK_MAX_KEYS),
@@ -374,13 +380,22 @@ impl RedisStore {
         inv: &Call<'_>,
         deadline: Duration,
     ) -> Result<T, StoreError> {
-        let (admission, t) = self.breaker.admit(Instant::now());
+        let started = Instant::now();
+        let (admission, t) = self.breaker.admit(started);
         self.log_transition(t);
         if admission == Admission::Reject {
             self.stats.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::CircuitOpen);
         }
-        let outcome = tokio::time::timeout(deadline, self.invoke(inv)).await;
+        let call = pin!(self.invoke(inv));
+        let outcome = if deadline == self.deadlines.after() {
+            self.deadlines.within(started, call).await
+        } else {
+            // The few calls with a longer deadline (readiness, invalidation).
+            tokio::time::timeout(deadline, call)
+                .await
+                .map_err(|_| Elapsed)
+        };
         let now = Instant::now();
         let result = match outcome {
             Err(_) => {
