@@ -238,6 +238,12 @@ mod tests {
 
     const AFTER: Duration = Duration::from_millis(30);
 
+    /// A call that answers `v` after `ms`, well within [`AFTER`].
+    async fn answer_in<T>(ms: u64, v: T) -> T {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        v
+    }
+
     /// `fut`'s output, or a failure (not a hang) when the timer thread never wakes it.
     async fn bounded<T>(fut: impl Future<Output = T>) -> T {
         tokio::time::timeout(Duration::from_secs(10), fut)
@@ -285,14 +291,7 @@ mod tests {
             // Calls that start and finish while the slow one waits, each in time.
             let mut answered = 0;
             for _ in 0..20 {
-                let r = d
-                    .within(
-                        Instant::now(),
-                        pin!(async {
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                        }),
-                    )
-                    .await;
+                let r = d.within(Instant::now(), pin!(answer_in(1, ()))).await;
                 answered += usize::from(r.is_ok());
             }
             answered
@@ -310,16 +309,8 @@ mod tests {
         // The same slot, reused: a fresh call with its own deadline.
         let next = d.within(Instant::now(), pin!(async { 7 })).await;
         assert_eq!(next, Ok(7));
-        let pending = d
-            .within(
-                Instant::now(),
-                pin!(async {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    8
-                }),
-            )
-            .await;
-        assert_eq!(pending, Ok(8));
+        let later = d.within(Instant::now(), pin!(answer_in(5, 8))).await;
+        assert_eq!(later, Ok(8));
     }
 
     #[test]
