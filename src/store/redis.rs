@@ -202,8 +202,8 @@ pub struct RedisStore {
     conn: Conn,
     topology: Topology,
     prefix: String,
-    timeout: Duration,
-    /// The deadlines of calls that wait `timeout`: one timer thread, not a timer per call.
+    /// The deadlines of calls that wait `store.timeout` ([`RedisStore::timeout`]): one timer
+    /// thread, not a timer per call.
     deadlines: Deadlines,
     /// Production: false, the script reads Redis's clock. Tests replaying decision sequences
     /// pass their own time.
@@ -304,7 +304,6 @@ impl RedisStore {
             conn,
             topology,
             prefix: prefix.to_string(),
-            timeout,
             deadlines: Deadlines::new(timeout),
             explicit_time: false,
             breaker: Breaker::new(BreakerSettings::default(), Instant::now()),
@@ -374,6 +373,11 @@ impl RedisStore {
         k
     }
 
+    /// Every call's deadline, `store.timeout` (kept once, by the deadlines).
+    fn timeout(&self) -> Duration {
+        self.deadlines.after()
+    }
+
     /// One call through the circuit breaker, with a deadline.
     async fn guarded<T: FromRedisValue>(
         &self,
@@ -388,7 +392,7 @@ impl RedisStore {
             return Err(StoreError::CircuitOpen);
         }
         let call = pin!(self.invoke(inv));
-        let outcome = if deadline == self.deadlines.after() {
+        let outcome = if deadline == self.timeout() {
             self.deadlines.within(started, call).await
         } else {
             // The few calls with a longer deadline (readiness, invalidation).
@@ -452,7 +456,7 @@ impl RedisStore {
                     Topology::Cluster { nodes } => nodes.clone(),
                     _ => unreachable!("cluster connection has cluster topology"),
                 };
-                let timeout = self.timeout;
+                let timeout = self.timeout();
                 let c = lazy
                     .get(|| async move {
                         redis::cluster::ClusterClient::builder(nodes)
@@ -550,7 +554,7 @@ impl RedisStore {
     pub async fn ping(&self) -> bool {
         let mut inv = Call::new(&CHECK_SCRIPTS.by_algorithm[0], std::iter::empty());
         inv.arg("");
-        self.guarded::<String>(&inv, self.timeout.max(Duration::from_millis(250)))
+        self.guarded::<String>(&inv, self.timeout().max(Duration::from_millis(250)))
             .await
             .is_ok()
     }

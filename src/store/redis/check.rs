@@ -134,7 +134,7 @@ impl RedisStore {
         }
         // The bulk string's bytes as Redis sent them: the reply is checked digit by digit
         // below, so a UTF-8 pass first would be a second read of the same bytes.
-        let reply: Vec<u8> = self.guarded(&inv, self.timeout).await?;
+        let reply: Vec<u8> = self.guarded(&inv, self.timeout()).await?;
         let leased = if leasing { idx.len() } else { 0 };
         let reply = integers(&reply, idx.len() * 4 + 2 + leased)?;
         let n = |v: i64| v.max(0) as u64;

@@ -51,7 +51,7 @@ impl RedisStore {
                 let c = &claims[i];
                 inv.arg(c.cap).arg(c.timeout_ms).arg(u8::from(c.shadow));
             }
-            let reply = self.guarded::<Vec<i64>>(&inv, self.timeout).await;
+            let reply = self.guarded::<Vec<i64>>(&inv, self.timeout()).await;
             let reply = match reply {
                 Ok(r) if r.len() == group.len() + 1 => r,
                 other => {
@@ -95,7 +95,7 @@ impl RedisStore {
         for group in self.slot_groups(keys) {
             let mut inv = Call::new(&RELEASE, group.iter().map(|&i| keys[i].as_str()));
             inv.arg(member);
-            let reply: Vec<i64> = self.guarded(&inv, self.timeout).await?;
+            let reply: Vec<i64> = self.guarded(&inv, self.timeout()).await?;
             freed += reply.first().map_or(0, |&n| n.max(0) as u64);
         }
         Ok(freed)

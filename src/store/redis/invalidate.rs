@@ -34,7 +34,7 @@ impl RedisStore {
     pub async fn publish_invalidation(&self, inv: &Invalidation) -> Result<(), StoreError> {
         let mut call = Call::new(&PUBLISH, std::iter::empty());
         call.arg(self.invalidation_channel()).arg(inv.encode());
-        self.guarded::<Vec<i64>>(&call, self.timeout.max(Duration::from_millis(250)))
+        self.guarded::<Vec<i64>>(&call, self.timeout().max(Duration::from_millis(250)))
             .await
             .map(drop)
     }

@@ -33,7 +33,7 @@ impl RedisStore {
                 let e = &ended[i];
                 quota(&mut inv, &e.quota).arg(e.units).arg(e.window);
             }
-            let reply: Vec<i64> = self.guarded(&inv, self.timeout).await?;
+            let reply: Vec<i64> = self.guarded(&inv, self.timeout()).await?;
             let [b, d] = reply[..] else {
                 return Err(StoreError::Reply(format!(
                     "{} values from the lease return script",

@@ -43,7 +43,7 @@ impl RedisStore {
             for &i in &group {
                 quota(&mut inv, &checks[i].quota);
             }
-            let reply: Vec<i64> = self.guarded(&inv, self.timeout).await?;
+            let reply: Vec<i64> = self.guarded(&inv, self.timeout()).await?;
             if reply.len() != group.len() * 2 + 1 {
                 return Err(StoreError::Reply(format!(
                     "{} values from the peek script",
@@ -68,7 +68,7 @@ impl RedisStore {
                 let q = checks[i].quota;
                 inv.arg(format!("{}:{}", algorithm_code(q.algorithm), q.window_ms));
             }
-            let reply: Vec<i64> = self.guarded(&inv, self.timeout).await?;
+            let reply: Vec<i64> = self.guarded(&inv, self.timeout()).await?;
             removed += reply.first().map_or(0, |&n| n.max(0) as u64);
         }
         Ok(removed)
