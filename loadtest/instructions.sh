@@ -11,7 +11,8 @@
 #   FLAGS as for cpu.sh (passed to the binary before its config).
 #   CONFIG as for cpu.sh (__UPSTREAM__ and __TMP__ are substituted; __REDIS__ too, for which
 #   a redis-server is started on core 1 when a config names it). With KEEP=DIR the callgrind
-#   files are kept there as LABEL.cg.*, for callgrind_annotate.
+#   files are kept there as LABEL.cg.*, for callgrind_annotate. CALLGRIND_OPTS adds options to
+#   callgrind's (e.g. "--cache-sim=yes --branch-sim=yes" for simulated cache and branch misses).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=3000
@@ -45,7 +46,7 @@ for row in "$@"; do
   IFS== read -r label bin cfg flags <<<"$row"
   port=$(free_port) admin=$(free_port)
   gateway_config "$cfg" "$dir/$label.yaml"
-  taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$dir/$label.cg" \
+  taskset -c 0 valgrind --tool=callgrind ${CALLGRIND_OPTS:-} --callgrind-out-file="$dir/$label.cg" \
     "$bin" ${flags:-} -c "$dir/$label.yaml" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
     >"$dir/$label.out" 2>"$dir/$label.log" & pid=$!
   pids+=($pid)
