@@ -22,12 +22,16 @@
 #   memory      tollgate, one per-IP sliding_window limit on the memory store (never denies)
 #   redis       the same limit on the Redis store (Redis on core 1)
 #   accesslog   tollgate, no limits, JSON access log to a file (when the build has one)
+#   ROW-pgo     any of the four tollgate rows or bare/bare0, built by scripts/pgo.sh instead
+#               (the production profile with profile-guided optimization; not in the default
+#               rows: it adds two builds the first time)
 # Access logs are off everywhere else (NGINX `access_log off`); tollgate's metrics are on.
 #
 # Usage: loadtest/proxy.sh [-s SECONDS] [-c CONNECTIONS] [-r ROUNDS] [-t THREADS]
 #        ROWS="bare nolimits" loadtest/proxy.sh ...
 #        PROXY_CPUS=0,1 LOAD_CPUS=0,1 loadtest/proxy.sh -t 2   # both cores shared (scaling)
 #        PROFILE=release loadtest/proxy.sh   # the quick start's build instead of `production`
+#        ROWS="nginx bare bare-pgo memory memory-pgo" loadtest/proxy.sh   # with and without PGO
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=10 conns=50 rounds=3 threads=1
@@ -42,7 +46,7 @@ need taskset util-linux; need python3 python3
 # one codegen unit), PROFILE=release for the quick start's build.
 profile=${PROFILE:-production}
 cargo build --profile "$profile" --quiet --bin tollgate --example bare_pingora
-bin=target/$profile/tollgate
+if [[ " ${rows[*]} " == *-pgo\ * ]]; then scripts/pgo.sh --bare; fi
 start_bench
 start_redis
 
@@ -54,8 +58,11 @@ limit='limits: [ { name: per-ip, key: [client_ip], limit: 1000000000, window: 1m
 
 declare -A port measured
 start_row() { # row -> sets port[row], measured[row] (pids)
-  local row=$1 p; p=$(free_port); port[$row]=$p
-  case $row in
+  local row=$1 kind=${1%-pgo} p bin=target/$profile/tollgate
+  local bare_bin=target/$profile/examples/bare_pingora
+  if [ "$kind" != "$row" ]; then bin=target/pgo/tollgate bare_bin=target/pgo/bare_pingora; fi
+  p=$(free_port); port[$row]=$p
+  case $kind in
     nginx)
       cat > "$dir/nginx.conf" <<CONF
 worker_processes $threads; daemon off; pid $dir/nginx.pid; error_log $dir/logs/nginx.err;
@@ -92,23 +99,23 @@ CONF
       measured[$row]=$! ;;
     bare|bare0)
       local bare_flags=()
-      [ "$row" = bare0 ] && bare_flags=(--no-peer-timeouts)
+      [ "$kind" = bare0 ] && bare_flags=(--no-peer-timeouts)
       gateway_yaml "" "" > "$dir/$row.yaml"
-      taskset -c "$PROXY_CPUS" "target/$profile/examples/bare_pingora" "${bare_flags[@]}" -c "$dir/$row.yaml" --listen "127.0.0.1:$p" \
+      taskset -c "$PROXY_CPUS" "$bare_bin" "${bare_flags[@]}" -c "$dir/$row.yaml" --listen "127.0.0.1:$p" \
         --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/$row.log" & pids+=($!)
       measured[$row]=$! ;;
     nolimits|memory|redis|accesslog)
       local extra="" redis_flag=()
-      [ "$row" = memory ] || [ "$row" = redis ] && extra=$limit
-      [ "$row" = redis ] && redis_flag=(--redis-url "redis://127.0.0.1:$rp")
-      [ "$row" = accesslog ] && extra="access_log: { enabled: true, format: json, path: $dir/access.log }"
-      [ "$row" != accesslog ] && extra="$extra
+      [ "$kind" = memory ] || [ "$kind" = redis ] && extra=$limit
+      [ "$kind" = redis ] && redis_flag=(--redis-url "redis://127.0.0.1:$rp")
+      [ "$kind" = accesslog ] && extra="access_log: { enabled: true, format: json, path: $dir/$row.log.json }"
+      [ "$kind" != accesslog ] && extra="$extra
 access_log: { enabled: false }"
       gateway_yaml "" "$extra" > "$dir/$row.yaml"
       if ! "$bin" check "$dir/$row.yaml" >/dev/null; then
         echo "row $row: this build does not take its config, skipped: $("$bin" check "$dir/$row.yaml" | head -1)" >&2
         gateway_yaml "" "${extra%%access_log*}" > "$dir/$row.yaml"
-        [ "$row" = accesslog ] && { unset 'port[$row]'; return; }
+        [ "$kind" = accesslog ] && { unset 'port[$row]'; return; }
       fi
       taskset -c "$PROXY_CPUS" "$bin" -c "$dir/$row.yaml" --listen "127.0.0.1:$p" --admin-listen "127.0.0.1:$(free_port)" \
         "${redis_flag[@]}" 2>"$dir/$row.log" & pids+=($!)
