@@ -7,7 +7,8 @@
 # 1. Makes the two base images docker/Dockerfile names, tagged with those names:
 #    debian:bookworm-slim  = a debootstrap minbase rootfs of Debian bookworm;
 #    rust:<version>-bookworm = the same plus gcc, make and cmake, and this machine's own Rust
-#    toolchain (rustup cannot fetch one here) under the paths the official image uses.
+#    toolchain with its llvm-tools (rustup cannot fetch a toolchain here) under the paths the
+#    official image uses.
 #    Both are kept in podman's storage and reused; --rebuild-bases makes them again.
 # 2. Lints the Dockerfile (hadolint) and builds the image with
 #    `podman build --isolation=chroot --format docker` (without --format docker the
@@ -74,7 +75,19 @@ else
   say "have $RUNTIME_BASE"
 fi
 
+# The builder base carries llvm-tools (llvm-profdata, for the profile-guided build); a base made
+# before it did, without the label that says so, is made again.
+if [ -z "$REBUILD_BASES" ] && podman image exists "$BUILDER_BASE" &&
+  [ "$(podman image inspect --format '{{index .Labels "tollgate.llvm-tools"}}' "$BUILDER_BASE")" != 1 ]; then
+  say "$BUILDER_BASE has no llvm-tools: making it again"
+  REBUILD_BASES=1
+fi
 if [ -n "$REBUILD_BASES" ] || ! podman image exists "$BUILDER_BASE"; then
+  host=$(rustc -vV | sed -n 's/^host: //p')
+  if [ ! -x "$(rustc --print sysroot)/lib/rustlib/$host/bin/llvm-profdata" ]; then
+    command -v rustup >/dev/null || die "this machine's Rust has no llvm-tools, and no rustup to add them"
+    rustup component add llvm-tools
+  fi
   sysroot=$(rustc --print sysroot)
   toolchain=$(basename "$sysroot")
   host_version=$(rustc --version | cut -d' ' -f2)
@@ -97,7 +110,8 @@ if [ -n "$REBUILD_BASES" ] || ! podman image exists "$BUILDER_BASE"; then
   import_rootfs "$dir" "$BUILDER_BASE" \
     'ENV PATH=/usr/local/cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     'ENV CARGO_HOME=/usr/local/cargo' 'ENV RUSTUP_HOME=/usr/local/rustup' \
-    'ENV CARGO_HTTP_CAINFO=/usr/local/cargo/host-ca-certificates.crt' 'CMD ["bash"]'
+    'ENV CARGO_HTTP_CAINFO=/usr/local/cargo/host-ca-certificates.crt' \
+    'LABEL tollgate.llvm-tools=1' 'CMD ["bash"]'
 else
   say "have $BUILDER_BASE"
 fi
@@ -188,6 +202,9 @@ if in_image TOLLGATE_ADMIN_LISTEN=127.0.0.1:$(free_port) -- "${healthcheck[@]:1}
   die "health answered 0 for a port nothing listens on"
 fi
 echo "health: exit 1 for a port nothing listens on, as it should" >&2
+
+# The demo upstream starts beside the gateway: wait until it accepts, or the request races it.
+for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$upstream") 2>/dev/null && break; sleep 0.1; done
 
 say "one request through the gateway: GET /hello"
 exec 3<>"/dev/tcp/127.0.0.1/$proxy"
