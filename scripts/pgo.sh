@@ -39,7 +39,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-need() { command -v "$1" >/dev/null || { echo "pgo: needs $1 (apt-get install -y $2)" >&2; exit 1; }; }
+# need, free_port, and cleanup of $dir and $pids at exit: the load tests' own.
+source loadtest/bench_lib.sh
 need cmake cmake; need wrk wrk; need redis-server redis-server; need curl curl; need python3 python3
 
 host=$(rustc -vV | sed -n 's/^host: //p')
@@ -55,13 +56,7 @@ fi
 
 dir=$(mktemp -d)
 pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$dir"
-}
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # `--target` keeps RUSTFLAGS off build scripts and procedural macros: only the gateway's own
 # code is instrumented, then optimized.
@@ -85,24 +80,24 @@ up=$(free_port) rp=$(free_port)
 "$gen" demo-upstream --listen "127.0.0.1:$up" >"$dir/upstream.log" 2>&1 & pids+=($!)
 redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null & pids+=($!)
 
-head="server: { threads: 1 }
+base="server: { threads: 1 }
 upstreams: { up: [\"127.0.0.1:$up\"] }
 routes: [ { name: all, match: { path_prefix: / }, upstream: up } ]"
 never='limits: [ { name: per-ip, key: [client_ip], limit: 1000000000, window: 1m } ]'
 configs=(
-  "$head
+  "$base
 access_log: { enabled: false }"
-  "$head
+  "$base
 $never
 access_log: { enabled: false }"
-  "$head
+  "$base
 limits: [ { name: per-ip, key: [client_ip], limit: 100, window: 1m } ]
 access_log: { enabled: false }"
-  "$head
+  "$base
 store: { backend: redis, url: \"redis://127.0.0.1:$rp\" }
 $never
 access_log: { enabled: false }"
-  "$head
+  "$base
 $never
 access_log: { format: json, path: \"$dir/access.log\" }"
 )
@@ -126,7 +121,7 @@ train() { # binary config [wrk options]
 for cfg in "${configs[@]}"; do train "$gen" "$cfg"; done
 train "$gen" "$(sed "s/127.0.0.1:9000/127.0.0.1:$up/" gateway.yaml)" -H 'x-api-key: demo-pro'
 if [ -n "$bare" ]; then
-  train "target/pgo-gen/$host/production/examples/bare_pingora" "$head"
+  train "target/pgo-gen/$host/production/examples/bare_pingora" "$base"
 fi
 # The demo upstream's profile is written when it stops.
 kill -TERM "${pids[0]}"
