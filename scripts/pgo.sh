@@ -25,7 +25,8 @@
 #   --bare also builds examples/bare_pingora with the same profile (target/pgo/bare_pingora),
 #   for loadtest/proxy.sh's bare-pgo row (the floor, built the same way).
 # Needs cmake, wrk, redis-server, curl and python3 (scripts/setup.sh --bench installs them);
-# takes two production builds (about 10 minutes each cold on two cores) and half a minute of training.
+# takes two production builds (7 and 5 minutes cold here, on two cores) and about 40 s of
+# training.
 # Every process it starts is stopped at the end, by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     -s) secs=$2; shift 2 ;;
     --bare) bare=1; shift ;;
-    *) sed -n '2,23p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,29p' "$0" >&2; exit 2 ;;
   esac
 done
 
