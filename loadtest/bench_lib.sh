@@ -11,6 +11,9 @@
 #                             "req_per_s p50_ms p99_ms user_us_per_req sys_us_per_req
 #                             load_us_per_req" (the last: wrk's and the upstream's own CPU)
 #   upstream_nginx PORT DIR   NGINX `return 200` on $LOAD_CPUS (the upstream of every proxy)
+#   nginx_proxy PORT WORKERS  NGINX as the peer reverse proxy on $PROXY_CPUS, in front of $up:
+#                             upstream keep-alive, `limit_req` with a zone that never denies,
+#                             no access log; its master's PID is $!
 # WRK_SCRIPT, when set, is a wrk Lua script every measured run uses (for example
 # loadtest/configs/many-keys.lua: 10,000 distinct x-k header values).
 # Where things run: PROXY_CPUS (default 0) for the measured proxies, LOAD_CPUS (default 1) for
@@ -80,6 +83,20 @@ http { access_log off;
 CONF
   taskset -c "$LOAD_CPUS" nginx -p "$2" -c "$2/upstream.conf" & pids+=($!)
   up_pid=$!
+}
+
+nginx_proxy() { # PORT WORKERS
+  cat > "$dir/nginx.conf" <<CONF
+worker_processes $2; daemon off; pid $dir/nginx.pid; error_log $dir/logs/nginx.err;
+events { worker_connections 8192; }
+http { access_log off;
+  limit_req_zone \$binary_remote_addr zone=perip:10m rate=100000000r/s;
+  upstream up { server 127.0.0.1:$up; keepalive 64; }
+  server { listen 127.0.0.1:$1 backlog=4096; keepalive_requests 10000000;
+    location / { limit_req zone=perip burst=100000000 nodelay;
+      proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
+CONF
+  taskset -c "$PROXY_CPUS" nginx -p "$dir" -c "$dir/nginx.conf" & pids+=($!)
 }
 
 # interleave ROUNDS OUTFILE FN ROW...: ROUNDS rounds over the rows, forward in odd rounds and

@@ -64,17 +64,7 @@ start_row() { # row -> sets port[row], measured[row] (pids)
   p=$(free_port); port[$row]=$p
   case $kind in
     nginx)
-      cat > "$dir/nginx.conf" <<CONF
-worker_processes $threads; daemon off; pid $dir/nginx.pid; error_log $dir/logs/nginx.err;
-events { worker_connections 8192; }
-http { access_log off;
-  limit_req_zone \$binary_remote_addr zone=perip:10m rate=100000000r/s;
-  upstream up { server 127.0.0.1:$up; keepalive 64; }
-  server { listen 127.0.0.1:$p backlog=4096; keepalive_requests 10000000;
-    location / { limit_req zone=perip burst=100000000 nodelay;
-      proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
-CONF
-      taskset -c "$PROXY_CPUS" nginx -p "$dir" -c "$dir/nginx.conf" & pids+=($!)
+      nginx_proxy "$p" "$threads"
       measured[$row]=$! ;;
     haproxy)
       cat > "$dir/haproxy.cfg" <<CONF
