@@ -73,7 +73,12 @@ if [ "$count_rounds" -gt 0 ]; then
     out=$(taskset -c "$LOAD_CPUS" wrk -t1 -c50 -d"${secs}s" "http://127.0.0.1:$port/")
     wait "$rec"
     reqs=$(echo "$out" | awk '/requests in/ {print $1}')
-    awk -F, -v n="$reqs" '$1 ~ /^[0-9]+$/ {printf "%.0f ", $1 / n} END {print ""}' "$dir/$1.stat"
+    # All four counters, in the order asked, or the row fails (a "<not counted>" would shift them).
+    awk -F, -v n="$reqs" -v row="$1" '$1 ~ /^[0-9]+$/ {v[++k] = $1 / n}
+      END {
+        if (k != 4) { print "row " row ": perf counted " k " of 4 events" > "/dev/stderr"; exit 1 }
+        printf "%.0f %.0f %.0f %.0f\n", v[1], v[2], v[3], v[4]
+      }' "$dir/$1.stat"
   }
   interleave "$count_rounds" "$dir/counts" count_row "${labels[@]}"
   python3 - "$dir/counts" "${labels[@]}" <<'PY'
