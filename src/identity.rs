@@ -123,19 +123,20 @@ pub fn identify<'h>(
     })
 }
 
-/// The end of step 1: the API key's override from the quota store, if one is in force at `now`
-/// (Unix seconds), applied to the caller. `Err` when the store revoked the key, or when
+/// The end of step 1: the API key's override from the quota store, if one is in force at
+/// `now()` (Unix seconds), applied to the caller. `Err` when the store revoked the key, or when
 /// `identity.require_known_keys` is set and the key is neither in `api_keys` nor in the store.
+/// The clock is read only when there is a key to look up in a quota store.
 pub fn apply_quotas(
     cfg: &Arc<Config>,
     quotas: Option<&Quotas>,
     caller: &mut Caller<'_>,
-    now: i64,
+    now: impl FnOnce() -> i64,
 ) -> Result<(), IdentityError> {
     let (Some(key), Some(hash)) = (caller.api_key, caller.key_hash) else {
         return Ok(());
     };
-    if let Some(Lookup::Some(o)) = quotas.map(|q| q.lookup_hash(cfg, hash, now)) {
+    if let Some(Lookup::Some(o)) = quotas.map(|q| q.lookup_hash(cfg, hash, now())) {
         if o.disabled {
             return Err(IdentityError::Revoked);
         }

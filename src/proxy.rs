@@ -107,8 +107,7 @@ impl Gateway {
         // 1. Who is calling.
         let mut caller = identify(cfg, &req.headers, peer).map_err(|e| refused(e.into()))?;
         let quotas = self.quotas.as_deref();
-        let now_s = quota::now_s();
-        apply_quotas(cfg, quotas, &mut caller, now_s).map_err(|e| refused(e.into()))?;
+        apply_quotas(cfg, quotas, &mut caller, quota::now_s).map_err(|e| refused(e.into()))?;
         ctx.overrides = caller.overrides.clone();
         ctx.obs.identified(&caller);
 
