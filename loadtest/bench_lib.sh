@@ -23,6 +23,9 @@
 #   redis_if_named ROW...     when a ROW's config (LABEL=BINARY=CONFIG) names __REDIS__, start a
 #                             redis-server on $LOAD_CPUS and set $rp to its port (else rp="")
 #   gateway_config ROW_CFG OUT  CONFIG with __UPSTREAM__, __TMP__ and __REDIS__ filled in
+#   start_gateway LABEL BINARY CONFIG [FLAGS]
+#                             a gateway on $PROXY_CPUS with CONFIG (as gateway_config) on a free
+#                             port, set in $port; its log $dir/LABEL.log; its PID is $!
 #   start_bench               a temporary directory $dir and an array $pids, both cleaned up
 #                             on exit, and the upstream on 127.0.0.1:$up
 # Every process started here is appended to the caller's `pids` array, for its EXIT trap.
@@ -145,4 +148,12 @@ redis_if_named() {
 
 gateway_config() { # CONFIG OUT
   sed "s/__UPSTREAM__/127.0.0.1:$up/; s|__TMP__|$dir|; s/__REDIS__/127.0.0.1:${rp:-0}/" "$1" > "$2"
+}
+
+start_gateway() { # LABEL BINARY CONFIG [FLAGS]
+  port=$(free_port)
+  gateway_config "$3" "$dir/$1.yaml"
+  # shellcheck disable=SC2086
+  taskset -c "$PROXY_CPUS" "$2" ${4:-} -c "$dir/$1.yaml" --listen "127.0.0.1:$port" \
+    --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/$1.log" & pids+=($!)
 }

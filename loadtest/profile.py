@@ -2,24 +2,26 @@
 """Where a proxy's CPU cycles per request go, by phase: the report of loadtest/profile.sh.
 
 Reads `perf script -F period,ip,sym` of a `perf record -e cycles --call-graph dwarf` run on
-stdin; argv: the label, the requests served while perf recorded, the CPU µs per request
-measured from /proc in the same interval, and optionally N: the N leaf functions with the most
-cycles in each phase, listed under the table. Each sample's cycles go to one phase: the innermost
-frame of its call stack that names one (leaf first); a stack that names none is the runtime's
-own work when tokio's or mio's code is in it (epoll, parking, scheduling), else "other". Kernel cycles are the samples
-whose leaf is in the kernel; "loopback delivery" is the part of them spent delivering the
-proxy's own writes to its peers' sockets (softirq receive), which loopback runs on the sender's
-CPU. Prints one markdown table, cycles and µs per request.
+stdin. argv: the label, the requests served while perf recorded, the CPU µs per request
+measured from /proc for the same row, and optionally N: the N leaf functions with the most
+cycles in each phase, listed under the table.
+
+Each sample's cycles go to one phase: that of the innermost frame on its stack that names one
+(leaf first). A stack that names none is the runtime's own work when tokio's or mio's code is
+in it (epoll, parking, scheduling), else "other". Kernel cycles are the samples whose leaf is
+in the kernel; "loopback delivery" is the part of them spent delivering the proxy's own writes
+to its peers' sockets (softirq receive), which loopback runs on the sender's CPU. Prints one
+markdown table, cycles and µs per request.
 """
 
 import re
 import sys
 
-# Innermost match wins, so a phase is the most specific code that names it. The patterns are
-# Pingora's (and tokio's) own function names, as `perf` demangles them, and tollgate's crate.
 # tollgate's own functions and methods, and drops of its types; not Pingora's functions
 # monomorphized over tollgate's types (`HttpProxy<tollgate::proxy::Gateway>::...`).
 TOLLGATE = r"^(<|core::ptr::drop_in_place<)?tollgate::"
+# Innermost match wins, so a phase is the most specific code that names it. The patterns are
+# tollgate's and the redis crate's, then Pingora's own function names as `perf` demangles them.
 PHASES = [
     ("tollgate: connection table (head and idle deadlines)", TOLLGATE + r"conn::"),
     ("tollgate: metrics and access log", TOLLGATE + r"observe::|^<?prometheus::"),
@@ -48,11 +50,15 @@ PHASES = [
         r"write_response_header|prepare_response_header|write_response_tasks|write_body"
         r"|response_duplex|server::HttpSession::finish|BodyWriter",
     ),
-    ("upstream connection back to the pool", r"release_http_session|release_stream|ConnectionPool<.*>::put|idle_poll"),
+    (
+        "upstream connection back to the pool",
+        r"release_http_session|release_stream|ConnectionPool<.*>::put|idle_poll",
+    ),
     ("request finished (logging hook, session end)", r"HttpProxy<.*>::finish|Session::finish|::logging"),
     (
         "request state machine: the per-request future, boxed, polled, dropped; keep-alive loop",
-        r"process_new|ServerApp|run_endpoint|handle_event|proxy_to_upstream|HttpProxy<.*>::process_request",
+        r"process_new|ServerApp|run_endpoint|handle_event|proxy_to_upstream"
+        r"|HttpProxy<.*>::process_request",
     ),
 ]
 # Samples with none of the phases above in their stack: the runtime's own work between
@@ -108,9 +114,11 @@ def main():
             user[phase] = user.get(phase, 0) + period
     if not total:
         sys.exit(f"{label}: no samples")
-    us = cpu_us / total * reqs  # µs per cycle sampled, per request
     order = [name for name, _ in PHASES] + [RUNTIME, "other"]
-    print(f"**{label}**: {total / reqs:,.0f} cycles per request sampled; {cpu_us:.1f} µs CPU per request from /proc")
+    print(
+        f"**{label}**: {total / reqs:,.0f} cycles per request sampled; "
+        f"{cpu_us:.1f} µs CPU per request from /proc"
+    )
     print()
     print("| phase | user cycles/req | kernel cycles/req | of which loopback delivery | total µs/req | share |")
     print("|---|---|---|---|---|---|")
@@ -120,7 +128,7 @@ def main():
             continue
         print(
             f"| {name} | {u / reqs:,.0f} | {k / reqs:,.0f} | {d / reqs:,.0f} | "
-            f"{(u + k) / reqs * us:.2f} | {100 * (u + k) / total:.1f}% |"
+            f"{(u + k) / total * cpu_us:.2f} | {100 * (u + k) / total:.1f}% |"
         )
     u, k, d = sum(user.values()), sum(kernel.values()), sum(delivery.values())
     print(f"| **all** | {u / reqs:,.0f} | {k / reqs:,.0f} | {d / reqs:,.0f} | {cpu_us:.2f} | 100% |")
@@ -131,7 +139,9 @@ def main():
         for name in order:
             top = sorted(leaves.get(name, {}).items(), key=lambda kv: -kv[1])[:detail]
             if top:
-                print(f"- {name}: " + "; ".join(f"`{sym[:90]}` {n / reqs:,.0f}" for sym, n in top))
+                listed = "; ".join(f"`{sym[:90]}` {n / reqs:,.0f}" for sym, n in top)
+                print(f"- {name}: {listed}")
+
 
 if __name__ == "__main__":
     main()

@@ -53,10 +53,7 @@ for row in "$@"; do
     nginx_proxy "$port" 1
   else
     IFS== read -r label bin cfg flags <<<"$row"
-    port=$(free_port)
-    gateway_config "$cfg" "$dir/$label.yaml"
-    taskset -c "$PROXY_CPUS" "$bin" ${flags:-} -c "$dir/$label.yaml" --listen "127.0.0.1:$port" \
-      --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/$label.log" & pids+=($!)
+    start_gateway "$label" "$bin" "$cfg" "${flags:-}"
   fi
   labels+=("$label") ports[$label]=$port procs[$label]=$!
 done
