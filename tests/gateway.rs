@@ -385,6 +385,34 @@ async fn upstream_connections_are_reused_up_to_the_keepalive_pool() {
     }
 }
 
+/// A pooled upstream connection is reused only while it still leads to its upstream. Three
+/// requests share one upstream connection; the upstream then restarts on the same address
+/// (the kernel closes its end of that connection), and the next three are answered 200 on one
+/// new connection: none is sent into the closed one. Pingora checks a pooled connection's peer
+/// and liveness before each reuse; `patches/pingora-core` checks the peer without a
+/// `getpeername` call per request.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pooled_connection_to_a_restarted_upstream_is_not_reused() {
+    async fn three_on_one_connection(c: &reqwest::Client, gw: &Gateway, up: &Upstream, when: &str) {
+        for i in 0..3 {
+            let r = get(c, &gw.url(&format!("/{when}/{i}")), &[]).await;
+            assert_eq!(r.status, StatusCode::OK, "{when} the restart: {:?}", r.body);
+        }
+        let s = up.stats().await;
+        assert_eq!((s.requests, s.connections), (3, 1), "{when} the restart");
+    }
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&format!(
+        "server: {{ threads: 1 }}\n{}{DEFAULT_ROUTE}",
+        up.upstreams_yaml()
+    ))
+    .await;
+    let c = client();
+    three_on_one_connection(&c, &gw, &up, "before").await;
+    let up = up.restarted().await;
+    three_on_one_connection(&c, &gw, &up, "after").await;
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. 429 after the limit, exact headers
 // ---------------------------------------------------------------------------------------

@@ -31,28 +31,36 @@ pub struct Stats {
 
 impl Upstream {
     pub async fn start() -> Upstream {
+        on_free_ports("demo upstream", || {
+            Upstream::start_at(loopback(free_port()))
+        })
+        .await
+    }
+
+    /// Stop this upstream (SIGKILL: the kernel closes its connections) and start another on
+    /// the same address.
+    pub async fn restarted(self) -> Upstream {
+        let addr = self.addr;
+        drop(self);
+        Upstream::start_at(addr)
+            .await
+            .unwrap_or_else(|out| panic!("demo upstream restarted on {addr}: {out}"))
+    }
+
+    async fn start_at(addr: SocketAddr) -> Result<Upstream, String> {
         let client = client_builder()
             .timeout(Duration::from_secs(2))
             .build()
             .expect("client");
-        let client = &client;
-        on_free_ports("demo upstream", || async move {
-            let addr = loopback(free_port());
-            let stats = format!("http://{addr}/__demo/stats");
-            Proc::tollgate(
-                "demo upstream",
-                &["demo-upstream".into(), "--listen".into(), addr.to_string()],
-                &[],
-            )
-            .answering(client, &stats)
-            .await
-            .map(|proc| Upstream {
-                addr,
-                proc,
-                client: client.clone(),
-            })
-        })
+        let stats = format!("http://{addr}/__demo/stats");
+        Proc::tollgate(
+            "demo upstream",
+            &["demo-upstream".into(), "--listen".into(), addr.to_string()],
+            &[],
+        )
+        .answering(&client, &stats)
         .await
+        .map(|proc| Upstream { addr, proc, client })
     }
 
     /// The config section that names this upstream `backend`:
