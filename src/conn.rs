@@ -114,7 +114,12 @@ impl Connections {
     }
 
     fn now_ms(&self) -> u64 {
-        self.origin.elapsed().as_millis() as u64 + 1
+        self.ms_at(Instant::now())
+    }
+
+    /// `at` in the table's milliseconds (since its origin, plus one: 0 means no deadline).
+    fn ms_at(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.origin).as_millis() as u64 + 1
     }
 
     /// Connections open now.
@@ -238,9 +243,9 @@ impl ConnState {
         }
     }
 
-    /// The request ended: the connection may wait `keepalive` for its next head.
-    pub fn idle(&self, keepalive: Duration) {
-        let now = self.table.now_ms();
+    /// The request ended at `now`: the connection may wait `keepalive` for its next head.
+    pub fn idle(&self, keepalive: Duration, now: std::time::Instant) {
+        let now = self.table.ms_at(Instant::from_std(now));
         self.idle_since_ms.store(now, Ordering::Relaxed);
         self.deadline_ms
             .store(now + keepalive.as_millis() as u64, Ordering::Release);
@@ -415,24 +420,19 @@ impl AsyncRead for Tracked {
         match phase {
             BUSY => return Pin::new(&mut *this.inner).poll_read(cx, buf),
             KILLED => return Poll::Ready(Ok(())),
+            IDLE => return this.poll_read_idle(cx, buf),
             _ => {}
         }
+        // A head is arriving: its deadline holds on every read, so that a client that trickles
+        // it byte by byte is cut off too.
         let deadline = this.state.deadline_ms.load(Ordering::Acquire);
         if deadline != 0 && this.deadline_passed(cx, deadline) {
             let stats = &this.state.table.stats;
-            if phase == IDLE {
-                stats.idle_timeouts.fetch_add(1, Ordering::Relaxed);
-                this.state.kill();
-                return Poll::Ready(Ok(()));
-            }
             stats.head_timeouts.fetch_add(1, Ordering::Relaxed);
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "the request head did not arrive within server.header_timeout",
             )));
-        }
-        if phase == IDLE {
-            *this.state.waker.lock() = Some(cx.waker().clone());
         }
         let before = buf.filled().len();
         let read = Pin::new(&mut *this.inner).poll_read(cx, buf);
@@ -440,6 +440,39 @@ impl AsyncRead for Tracked {
             this.state.head_started();
         }
         read
+    }
+}
+
+impl Tracked {
+    /// A read between requests. The next head's first bytes, when they are already there, are
+    /// read without looking at the idle deadline (a timer poll and a waker stored per request);
+    /// only a read that has to wait arms the deadline and leaves its waker for [`ConnState::kill`].
+    fn poll_read_idle(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let read = Pin::new(&mut *self.inner).poll_read(cx, buf);
+        if read.is_ready() {
+            if buf.filled().len() > before {
+                self.state.head_started();
+            }
+            return read;
+        }
+        *self.state.waker.lock() = Some(cx.waker().clone());
+        // Killed before the waker was there to be woken: see it now.
+        if self.state.phase.load(Ordering::Acquire) == KILLED {
+            return Poll::Ready(Ok(()));
+        }
+        let deadline = self.state.deadline_ms.load(Ordering::Acquire);
+        if deadline != 0 && self.deadline_passed(cx, deadline) {
+            let stats = &self.state.table.stats;
+            stats.idle_timeouts.fetch_add(1, Ordering::Relaxed);
+            self.state.kill();
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Pending
     }
 }
 

@@ -402,6 +402,8 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Box<RequestCtx>) {
         ctx.slots = None;
         ctx.in_flight = None;
+        // One clock read for both: the connection's idle deadline and the request's time.
+        let now = std::time::Instant::now();
         if let Some(conn) = ConnState::of(session) {
             let keepalive = ctx
                 .config
@@ -409,10 +411,10 @@ impl ProxyHttp for Gateway {
                 .map_or(crate::config::defaults::KEEPALIVE_TIMEOUT, |c| {
                     c.http.keepalive_timeout
                 });
-            conn.idle(keepalive);
+            conn.idle(keepalive, now);
         }
         self.observer
-            .finish(session, ctx.config.as_ref(), ctx.route, &ctx.obs);
+            .finish(session, ctx.config.as_ref(), ctx.route, &ctx.obs, now);
     }
 
     /// A client that goes away mid-request (closed, reset, a failed read or write on its side)

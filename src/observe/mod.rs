@@ -291,13 +291,19 @@ impl Observer {
         cfg: Option<&Arc<Config>>,
         route: Option<RouteId>,
         rec: &Record,
+        now: Instant,
     ) {
         let cfg = cfg.cloned().unwrap_or_else(|| self.config.snapshot());
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        let took = rec.start.map(|s| s.elapsed());
+        let took = rec.start.map(|s| now.saturating_duration_since(s));
         self.with_labels(&cfg, |l| {
             l.request(route, status, took.map(|t| t.as_secs_f64()))
         });
+        // Logged when the access log was on as the request began (as its id and upstream
+        // time are), and is still.
+        if !rec.logged {
+            return;
+        }
         let log = &self.log;
         let logging = self.logging.load();
         if logging.enabled && self.sampled(logging.sample) {
