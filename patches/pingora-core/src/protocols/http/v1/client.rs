@@ -437,8 +437,14 @@ impl HttpSession {
     /// Similar to [`Self::read_response()`], read the response header and then return a copy of it.
     pub async fn read_resp_header_parts(&mut self) -> Result<Box<ResponseHeader>> {
         self.read_response().await?;
+        // The caller gets the header as parsed and this session keeps the copy: only the
+        // parsed header has room for the headers a response filter adds (a clone's header
+        // maps are full, and `HeaderMap::reserve` does not grow their entries while the index
+        // table has room). This session only reads its own.
         // safe to unwrap because it is just read
-        Ok(Box::new(self.resp_header().unwrap().clone()))
+        let parsed = self.response_header.take().unwrap();
+        self.response_header = Some(Box::new((*parsed).clone()));
+        Ok(parsed)
     }
 
     /// Return a reference of the [`ResponseHeader`] if the response is read
@@ -1209,6 +1215,22 @@ mod tests_stream {
         assert_eq!(1, http_stream.resp_header().unwrap().headers.len());
         assert_eq!(http_stream.get_header("Server👍").unwrap(), "pingora");
         assert_eq!(resp.headers.get("Server👍").unwrap(), "pingora");
+    }
+
+    /// The caller gets the parsed header to change; the session keeps an equal copy of its
+    /// own, which the caller's changes do not reach.
+    #[tokio::test]
+    async fn read_resp_header_parts_hands_over_the_parsed_header() {
+        init_log();
+        let input = b"HTTP/1.1 200 OK\r\nServer: pingora\r\nContent-Length: 0\r\n\r\n";
+        let mock_io = Builder::new().read(&input[..]).build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        let mut resp = http_stream.read_resp_header_parts().await.unwrap();
+        assert_eq!(resp.headers, http_stream.resp_header().unwrap().headers);
+        resp.insert_header("x-added", "1").unwrap();
+        assert_eq!(resp.headers.len(), 3);
+        assert_eq!(http_stream.resp_header().unwrap().headers.len(), 2);
+        assert!(http_stream.get_header("x-added").is_none());
     }
 
     #[tokio::test]
