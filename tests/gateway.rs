@@ -414,6 +414,38 @@ async fn after_an_upstream_restart_requests_are_answered_on_one_new_connection()
     three_on_one_connection(&c, &gw, &up, "after").await;
 }
 
+/// The peers tollgate hands Pingora (`tollgate::proxy::peer`) take the patched `pingora-core`'s
+/// path (`patches/README.md`): a pooled connection is matched to its peer by the address
+/// recorded when it was made, not with a `getpeername` call per reuse. It matches the peer it
+/// was made to and no other, which is what keeps a connection filed under another peer's pool
+/// key from being reused for it.
+#[tokio::test]
+async fn an_upstream_connection_matches_only_the_peer_it_was_made_to() {
+    use pingora_core::connectors::TransportConnector;
+    use pingora_core::upstreams::peer::Peer;
+    use tollgate::config::defaults::UPSTREAM_TIMEOUTS;
+
+    // Two listening ports; the kernel completes a connection to one before it is accepted.
+    let listen = || std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let (a, b) = (listen(), listen());
+    let to_a = tollgate::proxy::peer(a.local_addr().expect("addr"), &UPSTREAM_TIMEOUTS);
+    let to_b = tollgate::proxy::peer(b.local_addr().expect("addr"), &UPSTREAM_TIMEOUTS);
+    let stream = TransportConnector::new(None)
+        .new_stream(&to_a)
+        .await
+        .expect("connect to a listening port");
+    let digest = stream
+        .get_socket_digest()
+        .expect("a TCP stream has a socket digest");
+    assert_eq!(
+        digest.peer_addr(),
+        Some(to_a.address()),
+        "recorded at connect"
+    );
+    assert!(to_a.matches_stream(&stream));
+    assert!(!to_b.matches_stream(&stream));
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. 429 after the limit, exact headers
 // ---------------------------------------------------------------------------------------
