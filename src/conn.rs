@@ -407,6 +407,43 @@ impl Tracked {
             self.armed_for = deadline_ms;
         }
     }
+
+    /// Read from the client; the first bytes of a head start its deadline.
+    fn read_into(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let read = Pin::new(&mut *self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.state.head_started();
+        }
+        read
+    }
+
+    /// A read between requests. The next head's first bytes, when they are already there, are
+    /// read without looking at the idle deadline (a timer poll and a waker stored per request);
+    /// only a read that has to wait arms the deadline and leaves its waker for [`ConnState::kill`].
+    fn poll_read_idle(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let read = self.read_into(cx, buf);
+        if read.is_ready() {
+            return read;
+        }
+        *self.state.waker.lock() = Some(cx.waker().clone());
+        // Killed before the waker was there to be woken: see it now.
+        if self.state.phase.load(Ordering::Acquire) == KILLED {
+            return Poll::Ready(Ok(()));
+        }
+        let deadline = self.state.deadline_ms.load(Ordering::Acquire);
+        if deadline != 0 && self.deadline_passed(cx, deadline) {
+            let stats = &self.state.table.stats;
+            stats.idle_timeouts.fetch_add(1, Ordering::Relaxed);
+            self.state.kill();
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Pending
+    }
 }
 
 impl AsyncRead for Tracked {
@@ -434,45 +471,7 @@ impl AsyncRead for Tracked {
                 "the request head did not arrive within server.header_timeout",
             )));
         }
-        let before = buf.filled().len();
-        let read = Pin::new(&mut *this.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.state.head_started();
-        }
-        read
-    }
-}
-
-impl Tracked {
-    /// A read between requests. The next head's first bytes, when they are already there, are
-    /// read without looking at the idle deadline (a timer poll and a waker stored per request);
-    /// only a read that has to wait arms the deadline and leaves its waker for [`ConnState::kill`].
-    fn poll_read_idle(
-        &mut self,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let read = Pin::new(&mut *self.inner).poll_read(cx, buf);
-        if read.is_ready() {
-            if buf.filled().len() > before {
-                self.state.head_started();
-            }
-            return read;
-        }
-        *self.state.waker.lock() = Some(cx.waker().clone());
-        // Killed before the waker was there to be woken: see it now.
-        if self.state.phase.load(Ordering::Acquire) == KILLED {
-            return Poll::Ready(Ok(()));
-        }
-        let deadline = self.state.deadline_ms.load(Ordering::Acquire);
-        if deadline != 0 && self.deadline_passed(cx, deadline) {
-            let stats = &self.state.table.stats;
-            stats.idle_timeouts.fetch_add(1, Ordering::Relaxed);
-            self.state.kill();
-            return Poll::Ready(Ok(()));
-        }
-        Poll::Pending
+        this.read_into(cx, buf)
     }
 }
 
