@@ -89,6 +89,19 @@ pub struct HttpServerOptions {
     ///
     /// Default: `None`
     pub h2_idle_timeout: Option<Duration>,
+
+    /// Read HTTP/1 request heads without keeping their header names' case.
+    ///
+    /// By default a request head read from an HTTP/1 client keeps each header name as it
+    /// arrived, in a second map beside the header map, and writes it on to the upstream with
+    /// that case. The second map costs a hashed insert for every header, read or added. With
+    /// this set, the head keeps only the header map, as HTTP/2 heads do. Header names are
+    /// case-insensitive (RFC 9110, section 5.1). See also
+    /// [`PeerOptions::discard_h1_header_case`](crate::upstreams::peer::PeerOptions::discard_h1_header_case)
+    /// for response heads.
+    ///
+    /// Default: `false`
+    pub discard_h1_header_case: bool,
 }
 
 /// Settings persisted across HTTP/1.x keepalive requests on the same downstream connection.
@@ -344,7 +357,11 @@ where
             return self.clone().process_custom_session(stream, shutdown).await;
         } else {
             // No ALPN or ALPN::H1 and h2c was not configured, fallback to HTTP/1.1
+            let discard_case = self
+                .server_options()
+                .is_some_and(|opts| opts.discard_h1_header_case);
             let mut session = ServerSession::new_http1(stream);
+            session.set_discard_h1_header_case(discard_case);
             if *shutdown.borrow() {
                 // stop downstream from reusing if this service is shutting down soon
                 session.set_keepalive(None);
@@ -360,6 +377,7 @@ where
             let mut result = self.process_new_http(session, shutdown).await;
             while let Some((stream, persistent_settings)) = result.map(|r| r.consume()) {
                 let mut session = ServerSession::new_http1(stream);
+                session.set_discard_h1_header_case(discard_case);
                 if let Some(persistent_settings) = persistent_settings {
                     persistent_settings.apply_to_session(&mut session);
                 }

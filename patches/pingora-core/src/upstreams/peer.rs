@@ -569,6 +569,17 @@ pub struct PeerOptions {
     /// **Note:** This field is unstable and may be removed or changed in future versions.
     /// It exists primarily for compatibility with legacy servers that send malformed headers.
     pub allow_h1_response_invalid_content_length: bool,
+    /// Read HTTP/1 response heads without keeping their header names' case.
+    ///
+    /// By default a response head read from an HTTP/1 upstream keeps each header name as it
+    /// arrived, in a second map beside the header map, so that it can be written on with the
+    /// same case. That map costs a second hashed insert for every header the upstream sends
+    /// and every header a filter adds. With this set, the head keeps only the header map, as
+    /// HTTP/2 heads do; on HTTP/1 the names are then written in their titled form for the
+    /// common ones (`Content-Type`, `Date`, ...) and in lowercase for the rest. Header names
+    /// are case-insensitive (RFC 9110, section 5.1), so only a peer that wrongly depends on
+    /// case can tell.
+    pub discard_h1_header_case: bool,
     /// Controls automatically forwarded request headers sent to HTTP upstreams.
     pub http_upstream_request_policy: HttpUpstreamRequestPolicy,
     pub extra_proxy_headers: BTreeMap<String, Vec<u8>>,
@@ -628,6 +639,7 @@ impl PeerOptions {
             h2_stream_window_size: None,
             h2_connection_window_size: None,
             allow_h1_response_invalid_content_length: false,
+            discard_h1_header_case: false,
             http_upstream_request_policy: HttpUpstreamRequestPolicy::default(),
             extra_proxy_headers: BTreeMap::new(),
             curves: None,

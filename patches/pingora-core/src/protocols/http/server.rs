@@ -341,6 +341,14 @@ impl Session {
         }
     }
 
+    /// Read HTTP/1 request heads without keeping their header names' case. A no-op for h2
+    /// (whose heads have no case) and subrequests.
+    pub fn set_discard_h1_header_case(&mut self, discard: bool) {
+        if let Self::H1(s) = self {
+            s.set_discard_header_case(discard);
+        }
+    }
+
     /// Get the number of times the upstream connection connection for this
     /// session can be reused via keepalive. Not applicable for h2 or
     /// subrequest

@@ -67,6 +67,8 @@ pub struct HttpSession {
     // If allowed, does not fail with error on invalid content-length
     // (treats as close-delimited response).
     allow_h1_response_invalid_content_length: bool,
+    // Read the response head without a case map (see `set_discard_header_case`).
+    discard_header_case: bool,
 }
 
 /// HTTP 1.x client session
@@ -100,6 +102,7 @@ impl HttpSession {
             received_upgrade_req_body: false,
             close_delimited_resp: false,
             allow_h1_response_invalid_content_length: false,
+            discard_header_case: false,
         }
     }
 
@@ -110,6 +113,7 @@ impl HttpSession {
             session.set_allow_h1_response_invalid_content_length(
                 options.allow_h1_response_invalid_content_length,
             );
+            session.set_discard_header_case(options.discard_h1_header_case);
         }
         session
     }
@@ -284,10 +288,14 @@ impl HttpSession {
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, resp.headers);
 
-                        let mut response_header = match ResponseHeader::build(
-                            resp.code.unwrap(),
-                            Some(resp.headers.len()),
-                        ) {
+                        let code = resp.code.unwrap();
+                        let size_hint = Some(resp.headers.len());
+                        let response_header = if self.discard_header_case {
+                            ResponseHeader::build_no_case(code, size_hint)
+                        } else {
+                            ResponseHeader::build(code, size_hint)
+                        };
+                        let mut response_header = match response_header {
                             Ok(header) => Box::new(header),
                             Err(e) => return self.fail_response_header_read(e),
                         };
@@ -527,6 +535,13 @@ impl HttpSession {
 
     pub fn set_allow_h1_response_invalid_content_length(&mut self, allow: bool) {
         self.allow_h1_response_invalid_content_length = allow;
+    }
+
+    /// Read response heads without keeping their header names' case: the head gets no case
+    /// map, and each header name costs one hashed insert instead of two. See
+    /// [`PeerOptions::discard_h1_header_case`](crate::upstreams::peer::PeerOptions::discard_h1_header_case).
+    pub fn set_discard_header_case(&mut self, discard: bool) {
+        self.discard_header_case = discard;
     }
 
     pub(super) fn get_headers_raw(&self) -> &[u8] {
@@ -1219,6 +1234,28 @@ mod tests_stream {
 
     /// The caller gets the parsed header to change; the session keeps an equal copy of its
     /// own, which the caller's changes do not reach.
+    #[tokio::test]
+    async fn read_response_keeps_or_discards_header_case() {
+        init_log();
+        let input = b"HTTP/1.1 200 OK\r\nServer: pingora\r\nX-Mixed-Case: 1\r\n\r\n";
+        for (discard, wire) in [
+            (false, &b"Server: pingora\r\nX-Mixed-Case: 1\r\n"[..]),
+            (true, &b"Server: pingora\r\nx-mixed-case: 1\r\n"[..]),
+        ] {
+            let mock_io = Builder::new().read(&input[..]).build();
+            let mut peer = crate::upstreams::peer::HttpPeer::new("127.0.0.1:80", false, "".into());
+            peer.options.discard_h1_header_case = discard;
+            let mut http_stream = HttpSession::new_with_options(Box::new(mock_io), &peer);
+            http_stream.read_response().await.unwrap();
+            let resp = http_stream.resp_header().unwrap();
+            assert_eq!(resp.has_case(), !discard);
+            assert_eq!(resp.headers.get("x-mixed-case").unwrap(), "1");
+            let mut buf = Vec::new();
+            resp.header_to_h1_wire(&mut buf);
+            assert_eq!(buf, wire, "discard: {discard}");
+        }
+    }
+
     #[tokio::test]
     async fn read_resp_header_parts_hands_over_the_parsed_header() {
         init_log();

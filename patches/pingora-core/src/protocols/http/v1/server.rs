@@ -158,6 +158,8 @@ pub struct HttpSession {
     /// [`super::super::HttpPersistentSettings`] into the next session.
     /// Scoped narrowly so it cannot affect FIN / `abort_on_close` semantics.
     pipelined_idle_bytes_stashed: bool,
+    /// Read the request head without a case map (see `set_discard_header_case`).
+    discard_header_case: bool,
 }
 
 impl HttpSession {
@@ -206,6 +208,7 @@ impl HttpSession {
             pipelining_enabled: false,
             pipelined_prefix: None,
             pipelined_idle_bytes_stashed: false,
+            discard_header_case: false,
         }
     }
 
@@ -349,12 +352,15 @@ impl HttpSession {
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, req.headers);
 
-                        let mut request_header = Box::new(RequestHeader::build(
-                            req.method.unwrap_or(""),
-                            // we path httparse to allow unsafe bytes in the str
-                            req.path.unwrap_or("").as_bytes(),
-                            Some(req.headers.len()),
-                        )?);
+                        let method = req.method.unwrap_or("");
+                        // we path httparse to allow unsafe bytes in the str
+                        let path = req.path.unwrap_or("").as_bytes();
+                        let size_hint = Some(req.headers.len());
+                        let mut request_header = Box::new(if self.discard_header_case {
+                            RequestHeader::build_no_case(method, path, size_hint)?
+                        } else {
+                            RequestHeader::build(method, path, size_hint)?
+                        });
 
                         request_header.set_version(match req.version {
                             Some(1) => Version::HTTP_11,
@@ -1013,6 +1019,15 @@ impl HttpSession {
     /// request N+1 begins processing. No parallel pipelining.
     pub fn set_pipelining_enabled(&mut self, enabled: bool) {
         self.pipelining_enabled = enabled;
+    }
+
+    /// Read request heads without keeping their header names' case: the head gets no case
+    /// map, and each header name costs one hashed insert instead of two. Header names
+    /// forwarded from such a head are written in their titled form for the common ones and
+    /// in lowercase for the rest. See
+    /// [`HttpServerOptions::discard_h1_header_case`](crate::apps::HttpServerOptions::discard_h1_header_case).
+    pub fn set_discard_header_case(&mut self, discard: bool) {
+        self.discard_header_case = discard;
     }
 
     /// Set pipelined bytes to be parsed as the start of this session's request.
@@ -1877,6 +1892,27 @@ mod tests_stream {
         let res = http_stream.read_request().await;
         assert_eq!(input.len(), res.unwrap().unwrap());
         assert_eq!(0, http_stream.req_header().headers.len());
+    }
+
+    #[tokio::test]
+    async fn read_request_keeps_or_discards_header_case() {
+        init_log();
+        let input = b"GET / HTTP/1.1\r\nHost: pingora.org\r\nX-Mixed-Case: 1\r\n\r\n";
+        for (discard, wire) in [
+            (false, &b"Host: pingora.org\r\nX-Mixed-Case: 1\r\n"[..]),
+            (true, &b"Host: pingora.org\r\nx-mixed-case: 1\r\n"[..]),
+        ] {
+            let mock_io = Builder::new().read(&input[..]).build();
+            let mut http_stream = HttpSession::new(Box::new(mock_io));
+            http_stream.set_discard_header_case(discard);
+            http_stream.read_request().await.unwrap();
+            let req = http_stream.req_header();
+            assert_eq!(req.has_case(), !discard);
+            assert_eq!(req.headers.get("x-mixed-case").unwrap(), "1");
+            let mut buf = Vec::new();
+            req.header_to_h1_wire(&mut buf);
+            assert_eq!(buf, wire, "discard: {discard}");
+        }
     }
 
     #[cfg(feature = "patched_http1")]
