@@ -25,12 +25,14 @@ use pingora_proxy::{ProxyHttp, Session};
 use std::net::SocketAddr;
 use tollgate::config::{load, Overrides, UpstreamTimeouts};
 use tollgate::proxy::peer;
-use tollgate::server::pingora_conf;
+use tollgate::server::{pingora_conf, server_options};
 
 struct Bare {
     upstream: SocketAddr,
     /// The upstream's timeouts, or `None` for Pingora's defaults (`--no-peer-timeouts`).
     timeouts: Option<UpstreamTimeouts>,
+    /// `server.preserve_header_case`, for the response heads.
+    preserve_header_case: bool,
 }
 
 #[async_trait]
@@ -41,8 +43,12 @@ impl ProxyHttp for Bare {
 
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
         Ok(Box::new(match &self.timeouts {
-            Some(t) => peer(self.upstream, t),
-            None => HttpPeer::new(self.upstream, false, String::new()),
+            Some(t) => peer(self.upstream, t, self.preserve_header_case),
+            None => {
+                let mut peer = HttpPeer::new(self.upstream, false, String::new());
+                peer.options.discard_h1_header_case = !self.preserve_header_case;
+                peer
+            }
         }))
     }
 }
@@ -97,9 +103,14 @@ fn main() {
     server.bootstrap();
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
-        Bare { upstream, timeouts },
+        Bare {
+            upstream,
+            timeouts,
+            preserve_header_case: s.preserve_header_case,
+        },
         "bare pingora",
     );
+    proxy.app_logic_mut().expect("the proxy").server_options = Some(server_options(s));
     proxy.add_tcp(&s.listen.to_string());
     let mut admin = Service::new("bare health".to_string(), Health);
     admin.add_tcp(&s.admin_listen.to_string());

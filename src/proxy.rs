@@ -182,9 +182,12 @@ fn content_length(req: &RequestHeader) -> Option<u64> {
 
 /// The Pingora peer for one upstream server, with the upstream's timeouts: what tollgate
 /// hands Pingora for every proxied request (`examples/bare_pingora` builds its peers here
-/// too, so the framework's floor is measured with the same settings).
-pub fn peer(addr: SocketAddr, t: &UpstreamTimeouts) -> HttpPeer {
+/// too, so the framework's floor is measured with the same settings). The response's header
+/// names keep their case exactly when the request's did (`server.preserve_header_case`;
+/// HTTP/2 heads have none).
+pub fn peer(addr: SocketAddr, t: &UpstreamTimeouts, preserve_header_case: bool) -> HttpPeer {
     let mut peer = HttpPeer::new(addr, false, String::new());
+    peer.options.discard_h1_header_case = !preserve_header_case;
     peer.options.connection_timeout = Some(t.connect);
     peer.options.total_connection_timeout = Some(t.connect);
     peer.options.read_timeout = Some(t.read);
@@ -332,7 +335,7 @@ impl ProxyHttp for Gateway {
 
     async fn upstream_peer(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         ctx: &mut Box<RequestCtx>,
     ) -> Result<Box<HttpPeer>> {
         let (Some(cfg), Some(route)) = (&ctx.config, ctx.route) else {
@@ -341,7 +344,8 @@ impl ProxyHttp for Gateway {
         let upstream = cfg.upstream(cfg.routes[route].upstream);
         let addr = upstream.pick();
         ctx.obs.upstream(addr);
-        Ok(Box::new(peer(addr, &upstream.timeouts)))
+        let keep_case = session.req_header().has_case();
+        Ok(Box::new(peer(addr, &upstream.timeouts, keep_case)))
     }
 
     async fn response_filter(

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use pingora_core::apps::HttpServerOptions;
 use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::server::{RunArgs, Server, ShutdownWatch};
 use pingora_core::services::background::{background_service, BackgroundService};
@@ -71,6 +72,14 @@ pub fn upgrade_sock(s: &ServerSettings) -> PathBuf {
     s.upgrade_sock.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("tollgate-{}.upgrade.sock", s.listen.port()))
     })
+}
+
+/// Pingora's options for the proxy's HTTP sessions (`examples/bare_pingora` runs on them too):
+/// request heads keep their header names' case only with `server.preserve_header_case`.
+pub fn server_options(s: &ServerSettings) -> HttpServerOptions {
+    let mut options = HttpServerOptions::default();
+    options.discard_h1_header_case = !s.preserve_header_case;
+    options
 }
 
 /// Pingora's settings for the proxy (`examples/bare_pingora` runs on them too).
@@ -190,7 +199,8 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
         lifecycle: lifecycle.clone(),
         observer: observer.clone(),
     };
-    let proxy = pingora_proxy::http_proxy(&server.configuration, gateway);
+    let mut proxy = pingora_proxy::http_proxy(&server.configuration, gateway);
+    proxy.server_options = Some(server_options(s));
     let mut proxy = Service::new(
         "tollgate proxy".to_string(),
         Guard::new(proxy, conns.clone()),

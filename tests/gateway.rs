@@ -428,8 +428,8 @@ async fn an_upstream_connection_matches_only_the_peer_it_was_made_to() {
     // Two listening ports; the kernel completes a connection to one before it is accepted.
     let listen = || std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
     let (a, b) = (listen(), listen());
-    let to_a = tollgate::proxy::peer(a.local_addr().expect("addr"), &UPSTREAM_TIMEOUTS);
-    let to_b = tollgate::proxy::peer(b.local_addr().expect("addr"), &UPSTREAM_TIMEOUTS);
+    let to_a = tollgate::proxy::peer(a.local_addr().expect("addr"), &UPSTREAM_TIMEOUTS, false);
+    let to_b = tollgate::proxy::peer(b.local_addr().expect("addr"), &UPSTREAM_TIMEOUTS, false);
     let stream = TransportConnector::new(None)
         .new_stream(&to_a)
         .await
@@ -444,6 +444,90 @@ async fn an_upstream_connection_matches_only_the_peer_it_was_made_to() {
     );
     assert!(to_a.matches_stream(&stream));
     assert!(!to_b.matches_stream(&stream));
+}
+
+/// Header names on the wire, both ways (`server.preserve_header_case`). By default a request's
+/// and a response's names are forwarded in their titled form for the common ones (`Host`,
+/// `Content-Length`) and in lowercase for the rest, as Envoy and HAProxy do; with the setting
+/// on, exactly as they arrived. A raw upstream records the request head it was sent and answers
+/// with mixed-case names; the client reads the response head as raw bytes.
+#[tokio::test(flavor = "multi_thread")]
+async fn header_names_keep_their_case_only_with_preserve_header_case() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("bind");
+    let up_addr = upstream.local_addr().expect("addr");
+    let (heads_tx, mut heads) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let server = tokio::spawn(async move {
+        while let Ok((mut s, _)) = upstream.accept().await {
+            let mut head = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !head.ends_with(b"\r\n\r\n") {
+                match s.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let _ = heads_tx.send(String::from_utf8_lossy(&head).into_owned());
+            let answer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Upstream-Mixed: u\r\n\
+                          Connection: close\r\n\r\nok";
+            let _ = s.write_all(answer.as_bytes()).await;
+        }
+    });
+    let yaml = |preserve: bool| {
+        format!(
+            "server: {{ preserve_header_case: {preserve} }}\nupstreams: {{ backend: [\"{up_addr}\"] }}\n{DEFAULT_ROUTE}"
+        )
+    };
+    let request = "GET /case HTTP/1.1\r\nHost: tollgate.test\r\nX-Client-Mixed: c\r\n\
+                   User-Agent: raw\r\nConnection: close\r\n\r\n";
+    for preserve in [false, true] {
+        let gw = Gateway::start(&yaml(preserve)).await;
+        let mut conn = RawConn::connect(gw.listen).await;
+        conn.send(request.as_bytes()).await.expect("send");
+        let resp = conn.read_response().await.expect("a response");
+        assert_eq!((resp.status, resp.body.as_slice()), (200, &b"ok"[..]));
+        let sent = heads.recv().await.expect("the upstream saw the request");
+        let lines = |head: &str| -> Vec<String> {
+            head.lines()
+                .skip(1)
+                .filter_map(|l| l.split_once(':').map(|(k, _)| k.to_string()))
+                .collect()
+        };
+        let (upstream_saw, client_saw) = (lines(&sent), lines(&resp.head));
+        let expect = |names: &[&str], saw: &[String], side: &str| {
+            for n in names {
+                assert!(
+                    saw.iter().any(|s| s == n),
+                    "preserve_header_case: {preserve}: {side} has no {n:?} in {saw:?}"
+                );
+            }
+        };
+        // `Host` and `Content-Length` are titled either way; tollgate's own are lowercase.
+        expect(
+            &["Host", "x-forwarded-for"],
+            &upstream_saw,
+            "the upstream request",
+        );
+        expect(&["Content-Length"], &client_saw, "the response");
+        if preserve {
+            expect(
+                &["X-Client-Mixed", "User-Agent"],
+                &upstream_saw,
+                "the upstream request",
+            );
+            expect(&["X-Upstream-Mixed"], &client_saw, "the response");
+        } else {
+            expect(
+                &["x-client-mixed", "user-agent"],
+                &upstream_saw,
+                "the upstream request",
+            );
+            expect(&["x-upstream-mixed"], &client_saw, "the response");
+        }
+    }
+    server.abort();
 }
 
 // ---------------------------------------------------------------------------------------

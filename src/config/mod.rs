@@ -141,6 +141,10 @@ impl Startup {
                 a.upstream_keepalive_pool != b.upstream_keepalive_pool,
             ),
             ("server.upgrade_sock", a.upgrade_sock != b.upgrade_sock),
+            (
+                "server.preserve_header_case",
+                a.preserve_header_case != b.preserve_header_case,
+            ),
             ("store.backend", s.backend != t.backend),
             ("store.url/cluster_nodes/sentinel", s.redis != t.redis),
             ("store.timeout", s.timeout != t.timeout),

@@ -38,6 +38,8 @@ pub struct Server {
     pub escaped_slashes: Option<String>,
     /// The Unix socket a `--upgrade` process takes the listening sockets over through.
     pub upgrade_sock: Option<String>,
+    /// Forward HTTP/1 header names with the case they arrived in; defaults to `false`.
+    pub preserve_header_case: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -38,6 +38,13 @@ pub struct ServerSettings {
     /// Where a `--upgrade` process takes the listening sockets over; `None`: derived from the
     /// proxy port.
     pub upgrade_sock: Option<PathBuf>,
+    /// Forward HTTP/1 header names, both ways, with the case they arrived in (`true`), or
+    /// (`false`, the default, as Envoy and HAProxy do) in their titled form for the common
+    /// ones (`Content-Type`, `Date`, `Host`, ...) and in lowercase for the rest. Names are
+    /// case-insensitive (RFC 9110, section 5.1), and HTTP/2 has only lowercase ones; keeping
+    /// the case costs a second map per head, about 5% of the CPU per proxied request
+    /// (`loadtest/RESULTS.md`). For clients or upstreams that wrongly depend on case.
+    pub preserve_header_case: bool,
 }
 
 words! {
@@ -170,6 +177,7 @@ pub(super) fn validate(
         max_connections,
         upstream_keepalive_pool,
         upgrade_sock,
+        preserve_header_case: r.preserve_header_case.unwrap_or(false),
     };
     (server, http)
 }

@@ -134,6 +134,24 @@ fn one_thread_runs_without_work_stealing_unless_asked() {
 }
 
 #[test]
+fn header_case_is_discarded_unless_preserved_and_is_a_startup_setting() {
+    let preserve = |server: &str| {
+        check(&format!("{MIN}server: {{ {server} }}\n"))
+            .map(|c| c.startup.server.preserve_header_case)
+    };
+    assert_eq!(preserve("threads: 1"), Ok(false));
+    assert_eq!(preserve("preserve_header_case: true"), Ok(true));
+    assert_eq!(preserve("preserve_header_case: false"), Ok(false));
+    assert!(preserve("preserve_header_case: sometimes").is_err());
+    let a = check(&format!("{MIN}server: {{ preserve_header_case: true }}\n")).unwrap();
+    let b = check(MIN).unwrap();
+    assert_eq!(
+        a.startup.changes(&b.startup),
+        ["server.preserve_header_case"]
+    );
+}
+
+#[test]
 fn the_upstream_keepalive_pool_defaults_to_1024_per_thread_and_is_a_startup_setting() {
     let pool = |server: &str| {
         check(&format!("{MIN}server: {{ {server} }}\n"))
