@@ -330,12 +330,29 @@ fn from_digits(bytes: &[u8]) -> Option<u64> {
 /// 8.6](https://www.rfc-editor.org/rfc/rfc9110#section-8.6) this lets identical
 /// duplicates (e.g. `Content-Length: 42, 42`) be collapsed to a single value
 /// while genuinely conflicting framing is rejected.
+#[cfg(test)]
 pub(crate) fn content_length_parse_all(headers: &HMap) -> Option<u64> {
+    content_length_parse_values(&headers.get_all(header::CONTENT_LENGTH))
+}
+
+/// `content_length_parse_all` (above) over values already looked up (the tests call that; the
+/// crate calls this through [`content_length_for_framing`]).
+fn content_length_parse_values(values: &header::GetAll<'_, HeaderValue>) -> Option<u64> {
+    // The common case, one line of digits alone, without the general path's UTF-8 check,
+    // split and trim: it gives the same value.
+    let mut lines = values.iter();
+    let first = lines.next()?;
+    if lines.next().is_none() {
+        if let Some(n) = from_digits(first.as_bytes()) {
+            return Some(n);
+        }
+    }
+
     // If multiple Content-Length headers were sent, everything can still be
     // alright if they all contain the same value, and all parse correctly. If
     // not, then it's an error.
     let mut content_length: Option<u64> = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
+    for value in values.iter() {
         // A non-visible-ASCII value can't be a valid Content-Length, so the
         // framing is ambiguous.
         let line = value.to_str().ok()?;
@@ -357,7 +374,9 @@ pub(crate) fn content_length_parse_all(headers: &HMap) -> Option<u64> {
 /// present but cannot be resolved to a single value (conflicting duplicates or
 /// an unparseable value), or `None` when the header is absent.
 pub(crate) fn content_length_for_framing(headers: &HMap) -> Result<Option<usize>> {
-    match content_length_parse_all(headers) {
+    // One look-up serves both the value and whether the header is there.
+    let values = headers.get_all(header::CONTENT_LENGTH);
+    match content_length_parse_values(&values) {
         Some(cl) => {
             // Content-Length frames the body, so a value that does not fit in
             // `usize` cannot be represented and must not be silently truncated
@@ -373,7 +392,7 @@ pub(crate) fn content_length_for_framing(headers: &HMap) -> Result<Option<usize>
                 )
             })
         }
-        None if headers.contains_key(header::CONTENT_LENGTH) => {
+        None if values.iter().next().is_some() => {
             // debug, not warn: per-message, client-influenced; avoids log floods
             // under adversarial load. The error is returned to the caller.
             debug!("invalid Content-Length header");
@@ -495,6 +514,13 @@ mod test {
     #[case::negative("-1", None)]
     #[case::trailing_comma("5,", None)]
     #[case::overflow("99999999999999999999999999", None)]
+    #[case::zero("0", Some(0))]
+    #[case::max("18446744073709551615", Some(u64::MAX))]
+    #[case::one_past_max("18446744073709551616", None)]
+    #[case::padded(" 5 ", Some(5))]
+    #[case::plus("+5", None)]
+    #[case::digits_then_space("5 ", Some(5))]
+    #[case::inner_space("5 5", None)]
     fn test_content_length_parse_all_single_header(
         #[case] value: &str,
         #[case] expected: Option<u64>,
