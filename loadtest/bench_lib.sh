@@ -25,7 +25,8 @@
 #   gateway_config ROW_CFG OUT  CONFIG with __UPSTREAM__, __TMP__ and __REDIS__ filled in
 #   start_gateway LABEL BINARY CONFIG [FLAGS]
 #                             a gateway on $PROXY_CPUS with CONFIG (as gateway_config) on a free
-#                             port, set in $port; its log $dir/LABEL.log; its PID is $!
+#                             port, set in $port; its stderr $dir/LABEL.log, its stdout (an
+#                             access log on stdout) $dir/LABEL.out; its PID is $!
 #   start_bench               a temporary directory $dir and an array $pids, both cleaned up
 #                             on exit, and the upstream on 127.0.0.1:$up
 # Every process started here is appended to the caller's `pids` array, for its EXIT trap.
@@ -155,5 +156,5 @@ start_gateway() { # LABEL BINARY CONFIG [FLAGS]
   gateway_config "$3" "$dir/$1.yaml"
   # shellcheck disable=SC2086
   taskset -c "$PROXY_CPUS" "$2" ${4:-} -c "$dir/$1.yaml" --listen "127.0.0.1:$port" \
-    --admin-listen "127.0.0.1:$(free_port)" 2>"$dir/$1.log" & pids+=($!)
+    --admin-listen "127.0.0.1:$(free_port)" >"$dir/$1.out" 2>"$dir/$1.log" & pids+=($!)
 }

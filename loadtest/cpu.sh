@@ -12,10 +12,11 @@
 #   bare0=target/release/examples/bare_pingora=loadtest/configs/no-limits.yaml=--no-peer-timeouts
 #   CONFIG is a gateway.yaml in which __UPSTREAM__ stands for the upstream's host:port,
 #   __TMP__ for a temporary directory removed at the end (for access logs), and __REDIS__ for
-#   a redis-server started here (with wrk) when a config names it.
+#   a redis-server started here (with wrk) when a config names it. The access log is on by
+#   default (to stdout, kept in a file here): comparison rows use the `-nolog` configs.
 # Example (this tree against an older build):
-#   loadtest/cpu.sh before=/tmp/old/tollgate=loadtest/configs/one-limit.yaml \
-#                   after=target/release/tollgate=loadtest/configs/one-limit.yaml
+#   loadtest/cpu.sh before=/tmp/old/tollgate=loadtest/configs/one-limit-nolog.yaml \
+#                   after=target/release/tollgate=loadtest/configs/one-limit-nolog.yaml
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=10 conns=50 rounds=3

@@ -20,7 +20,7 @@
 #
 # Usage: loadtest/profile.sh [-s SECONDS] [-d N] [-c ROUNDS] ROW...
 #   ROW: nginx (NGINX + limit_req, as in proxy.sh; one worker), or LABEL=BINARY=CONFIG[=FLAGS]
-#   as for cpu.sh, e.g. bare=target/release/examples/bare_pingora=loadtest/configs/no-limits.yaml
+#   as for cpu.sh, e.g. bare=target/release/examples/bare_pingora=loadtest/configs/no-limits-nolog.yaml
 #   -d N lists the N leaf functions with the most cycles under each phase's table.
 #   With KEEP=DIR each row's perf data is kept as DIR/LABEL.perf.data (for `perf report -i`), and
 #   its request count as DIR/LABEL.requests.
