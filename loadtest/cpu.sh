@@ -24,7 +24,7 @@ while getopts s:c:r: o; do
   case $o in s) secs=$OPTARG ;; c) conns=$OPTARG ;; r) rounds=$OPTARG ;; *) exit 2 ;; esac
 done
 shift $((OPTIND - 1))
-[ $# -ge 1 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,19p' "$0" >&2; exit 2; }
 source loadtest/bench_lib.sh
 need nginx nginx; need wrk wrk; need taskset util-linux; need python3 python3
 start_bench
