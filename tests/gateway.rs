@@ -146,6 +146,53 @@ async fn proxy_passes_method_path_query_body_and_headers_through() {
     assert_eq!(up.requests().await, methods.len() as u64 + 1);
 }
 
+/// Hop-by-hop fields (RFC 9110 §7.6.1) stop at the gateway: the standard ones, and any field
+/// the client's `Connection` names. End-to-end fields beside them reach the upstream unchanged,
+/// and so does a request that carries none (the patched `pingora-proxy` skips the stripping
+/// then, `patches/README.md`).
+#[tokio::test(flavor = "multi_thread")]
+async fn hop_by_hop_fields_are_not_forwarded_and_end_to_end_ones_are() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&format!("{}{DEFAULT_ROUTE}", up.upstreams_yaml())).await;
+    let hop_by_hop = [
+        ("Connection", "keep-alive, X-Nominated"),
+        ("Keep-Alive", "timeout=5"),
+        ("Proxy-Connection", "keep-alive"),
+        ("Proxy-Authorization", "Basic dTpw"),
+        ("TE", "trailers"),
+        ("X-Nominated", "1"),
+    ];
+    let end_to_end = [("X-Kept", "1"), ("Accept", "*/*")];
+    for with_hop_by_hop in [true, false] {
+        let mut request = String::from("GET /hop HTTP/1.1\r\nHost: tollgate.test\r\n");
+        let fields = end_to_end
+            .iter()
+            .chain(hop_by_hop.iter().filter(|_| with_hop_by_hop));
+        for (name, value) in fields {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
+        let mut conn = RawConn::connect(gw.listen).await;
+        conn.send(request.as_bytes()).await.expect("send");
+        let r = conn.read_response().await.expect("a response");
+        assert_eq!(r.status, 200, "{}", r.head);
+        let echo = r.json();
+        for (name, value) in end_to_end {
+            let name = name.to_ascii_lowercase();
+            assert_eq!(echoed_header(&echo, &name), vec![value], "{name}");
+        }
+        for (name, _) in hop_by_hop {
+            let name = name.to_ascii_lowercase();
+            assert_eq!(echoed_header(&echo, &name), Vec::<String>::new(), "{name}");
+        }
+        assert_eq!(
+            echoed_header(&echo, "x-forwarded-for"),
+            vec!["127.0.0.1"],
+            "with hop-by-hop fields: {with_hop_by_hop}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn x_forwarded_for_gets_the_client_address_appended() {
     let up = Upstream::start().await;
