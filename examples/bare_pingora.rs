@@ -76,8 +76,13 @@ fn flag(args: &[String], names: &[&str]) -> Option<String> {
 /// The allocator, as a measured choice (`loadtest/RESULTS.md`): built with `--features
 /// mimalloc`, every allocation goes to mimalloc instead of glibc's malloc.
 #[cfg(feature = "mimalloc")]
+#[allow(unsafe_code)] // a `GlobalAlloc` is an unsafe trait: tollgate's own, the same file
+#[path = "../src/alloc.rs"]
+mod alloc;
+
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: alloc::MiMalloc = alloc::MiMalloc;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

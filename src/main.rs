@@ -169,10 +169,14 @@ fn quotas(args: QuotasArgs) -> ExitCode {
 }
 
 /// The allocator, as a measured choice (`loadtest/RESULTS.md`): built with `--features
-/// mimalloc`, every allocation goes to mimalloc instead of glibc's malloc.
+/// mimalloc` (the default), every allocation goes to mimalloc instead of glibc's malloc.
+#[cfg(feature = "mimalloc")]
+#[allow(unsafe_code)] // a `GlobalAlloc` is an unsafe trait; the library itself forbids unsafe
+mod alloc;
+
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: alloc::MiMalloc = alloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
