@@ -40,29 +40,34 @@ fn malloc_suffices(align: usize, size: usize) -> bool {
     align <= MALLOC_ALIGN && align <= size
 }
 
+/// `plain(size)` where its alignment suffices for `layout`, else `aligned(size, align)`: a pair
+/// of mimalloc's allocation calls (`mi_malloc` and `mi_malloc_aligned`, or the `zalloc` ones).
+#[inline(always)]
+unsafe fn allocate(
+    layout: Layout,
+    plain: unsafe extern "C" fn(usize) -> *mut c_void,
+    aligned: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    let (size, align) = (layout.size(), layout.align());
+    let p = if malloc_suffices(align, size) {
+        unsafe { plain(size) }
+    } else {
+        unsafe { aligned(size, align) }
+    };
+    p.cast()
+}
+
 // SAFETY: every call is mimalloc's, which returns null on failure and blocks aligned as
 // `malloc_suffices` says (above); `dealloc` and `realloc` receive only pointers from it.
 unsafe impl GlobalAlloc for MiMalloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let (size, align) = (layout.size(), layout.align());
-        let p = if malloc_suffices(align, size) {
-            unsafe { mi::mi_malloc(size) }
-        } else {
-            unsafe { mi::mi_malloc_aligned(size, align) }
-        };
-        p.cast()
+        unsafe { allocate(layout, mi::mi_malloc, mi::mi_malloc_aligned) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let (size, align) = (layout.size(), layout.align());
-        let p = if malloc_suffices(align, size) {
-            unsafe { mi::mi_zalloc(size) }
-        } else {
-            unsafe { mi::mi_zalloc_aligned(size, align) }
-        };
-        p.cast()
+        unsafe { allocate(layout, mi::mi_zalloc, mi::mi_zalloc_aligned) }
     }
 
     #[inline]
@@ -72,11 +77,11 @@ unsafe impl GlobalAlloc for MiMalloc {
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let align = layout.align();
+        let (ptr, align) = (ptr.cast::<c_void>(), layout.align());
         let p = if malloc_suffices(align, new_size) {
-            unsafe { mi::mi_realloc(ptr.cast::<c_void>(), new_size) }
+            unsafe { mi::mi_realloc(ptr, new_size) }
         } else {
-            unsafe { mi::mi_realloc_aligned(ptr.cast::<c_void>(), new_size, align) }
+            unsafe { mi::mi_realloc_aligned(ptr, new_size, align) }
         };
         p.cast()
     }

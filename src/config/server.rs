@@ -41,8 +41,8 @@ pub struct ServerSettings {
     /// Forward HTTP/1 header names, both ways, with the case they arrived in (`true`), or
     /// (`false`, the default, as Envoy and HAProxy do) in their titled form for the common
     /// ones (`Content-Type`, `Date`, `Host`, ...) and in lowercase for the rest. Names are
-    /// case-insensitive (RFC 9110, section 5.1), and HTTP/2 has only lowercase ones; keeping
-    /// the case costs a second map per head, about 5% of the CPU per proxied request
+    /// case-insensitive (RFC 9110, section 5.1), and HTTP/2 has only lowercase ones. Keeping
+    /// the case costs a second map per head: 6-7% more instructions per proxied request
     /// (`loadtest/RESULTS.md`). For clients or upstreams that wrongly depend on case.
     pub preserve_header_case: bool,
 }
