@@ -15,7 +15,7 @@ use common::clock::{clear_of_window_boundary, fixed_window_t_range, now_ms, wind
 use common::gateway::Gateway;
 use common::http::{client, client_builder, client_from, get, send, Resp, QUOTA_EXCEEDED};
 use common::process::{count, max_open_files};
-use common::raw::{ClosedPort, RawConn};
+use common::raw::{raw_request, ClosedPort, RawConn};
 use common::upstream::Upstream;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -527,8 +527,11 @@ async fn header_names_keep_their_case_only_with_preserve_header_case() {
             "server: {{ preserve_header_case: {preserve} }}\nupstreams: {{ backend: [\"{up_addr}\"] }}\n{DEFAULT_ROUTE}"
         )
     };
-    let request = "GET /case HTTP/1.1\r\nHost: tollgate.test\r\nX-Client-Mixed: c\r\n\
-                   User-Agent: raw\r\nConnection: close\r\n\r\n";
+    let request = raw_request(
+        "GET",
+        "/case",
+        &[("X-Client-Mixed", "c"), ("User-Agent", "raw")],
+    );
     for preserve in [false, true] {
         let gw = Gateway::start(&yaml(preserve)).await;
         let mut conn = RawConn::connect(gw.listen).await;

@@ -30,6 +30,8 @@ pub const MAX_REQUEST_HEADER_BYTES: usize = 64 * 1024;
 pub const MAX_URI_BYTES: usize = 8 * 1024;
 pub const PATH_NORMALIZATION: PathNormalization = PathNormalization::Normalize;
 pub const ESCAPED_SLASHES: EscapedSlashes = EscapedSlashes::Keep;
+/// HTTP/1 header names forwarded titled or lowercase, not as they arrived.
+pub const PRESERVE_HEADER_CASE: bool = false;
 
 // upstreams
 pub const UPSTREAM_TIMEOUTS: UpstreamTimeouts = UpstreamTimeouts {

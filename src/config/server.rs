@@ -177,7 +177,9 @@ pub(super) fn validate(
         max_connections,
         upstream_keepalive_pool,
         upgrade_sock,
-        preserve_header_case: r.preserve_header_case.unwrap_or(false),
+        preserve_header_case: r
+            .preserve_header_case
+            .unwrap_or(defaults::PRESERVE_HEADER_CASE),
     };
     (server, http)
 }
