@@ -52,6 +52,17 @@ pub trait IntoCaseHeaderName {
             .or_err(InvalidHTTPHeader, "invalid header name")?;
         Ok((case_header_name, header_name))
     }
+
+    /// The name as a [HeaderName] alone, for a head that keeps no case map.
+    ///
+    /// The default is [Self::into_case_and_header_name] without its case bytes; types that
+    /// hold a [HeaderName] return it without building case bytes that would be dropped.
+    fn into_header_name(self) -> Result<HeaderName>
+    where
+        Self: Sized,
+    {
+        self.into_case_and_header_name().map(|(_, name)| name)
+    }
 }
 
 /// A header name known when the program is built, written as given.
@@ -96,6 +107,10 @@ impl IntoCaseHeaderName for &StaticHeaderName {
     fn into_case_and_header_name(self) -> Result<(CaseHeaderName, HeaderName)> {
         Ok((self.into_case_header_name(), self.name.clone()))
     }
+
+    fn into_header_name(self) -> Result<HeaderName> {
+        Ok(self.name.clone())
+    }
 }
 
 impl IntoCaseHeaderName for CaseHeaderName {
@@ -124,6 +139,10 @@ impl IntoCaseHeaderName for HeaderName {
     fn into_case_and_header_name(self) -> Result<(CaseHeaderName, HeaderName)> {
         Ok((CaseHeaderName(titled_header_name(&self)), self))
     }
+
+    fn into_header_name(self) -> Result<HeaderName> {
+        Ok(self)
+    }
 }
 
 impl IntoCaseHeaderName for &HeaderName {
@@ -133,6 +152,10 @@ impl IntoCaseHeaderName for &HeaderName {
 
     fn into_case_and_header_name(self) -> Result<(CaseHeaderName, HeaderName)> {
         Ok((CaseHeaderName(titled_header_name(self)), self.clone()))
+    }
+
+    fn into_header_name(self) -> Result<HeaderName> {
+        Ok(self.clone())
     }
 }
 
@@ -201,5 +224,18 @@ mod tests {
             (&b"ratelimit-policy"[..], "ratelimit-policy")
         );
         assert_eq!(RL.as_header_name(), "ratelimit-policy");
+    }
+
+    #[test]
+    fn test_header_name_alone() {
+        // The same name as `into_case_and_header_name` gives, without its case bytes.
+        assert_eq!("X-FoO".into_header_name().unwrap(), "x-foo");
+        assert_eq!("X-FoO".to_string().into_header_name().unwrap(), "x-foo");
+        assert!("bad name".into_header_name().is_err());
+        assert_eq!(header::SERVER.into_header_name().unwrap(), header::SERVER);
+        let custom = HeaderName::from_static("x-custom");
+        assert_eq!((&custom).into_header_name().unwrap(), custom);
+        const RL: StaticHeaderName = StaticHeaderName::from_static("ratelimit");
+        assert_eq!((&RL).into_header_name().unwrap(), "ratelimit");
     }
 }

@@ -888,16 +888,21 @@ fn append_header_value<T>(
     name: impl IntoCaseHeaderName,
     value: T,
 ) -> Result<bool> {
-    let (case_header_name, header_name) = name.into_case_and_header_name()?;
-    // store the original case in the map
-    if let Some(name_map) = name_map {
-        // Use the non-panicking `try_append`: the infallible `append` calls
-        // `.expect("size overflows MAX_SIZE")` internally, which would abort the
-        // process if the case map ever exceeded `http`'s `MAX_SIZE` (1 << 15).
-        name_map
-            .try_append(header_name.clone(), case_header_name)
-            .or_err(InvalidHTTPHeader, "header name map size overflows MAX_SIZE")?;
-    }
+    let header_name = match name_map {
+        // store the original case in the map
+        Some(name_map) => {
+            let (case_header_name, header_name) = name.into_case_and_header_name()?;
+            // Use the non-panicking `try_append`: the infallible `append` calls
+            // `.expect("size overflows MAX_SIZE")` internally, which would abort the
+            // process if the case map ever exceeded `http`'s `MAX_SIZE` (1 << 15).
+            name_map
+                .try_append(header_name.clone(), case_header_name)
+                .or_err(InvalidHTTPHeader, "header name map size overflows MAX_SIZE")?;
+            header_name
+        }
+        // No case map: no case bytes to build.
+        None => name.into_header_name()?,
+    };
 
     // Non-panicking `try_append` for the same reason as the case map above.
     value_map.try_append(header_name, value).or_err(
@@ -913,11 +918,16 @@ fn insert_header_value<T>(
     name: impl IntoCaseHeaderName,
     value: T,
 ) -> Result<()> {
-    let (case_header_name, header_name) = name.into_case_and_header_name()?;
-    if let Some(name_map) = name_map {
-        // store the original case in the map
-        name_map.insert(header_name.clone(), case_header_name);
-    }
+    let header_name = match name_map {
+        Some(name_map) => {
+            let (case_header_name, header_name) = name.into_case_and_header_name()?;
+            // store the original case in the map
+            name_map.insert(header_name.clone(), case_header_name);
+            header_name
+        }
+        // No case map: no case bytes to build.
+        None => name.into_header_name()?,
+    };
     value_map.insert(header_name, value);
     Ok(())
 }
@@ -1206,6 +1216,36 @@ mod tests {
         resp.header_to_h1_wire(&mut buf);
         assert_eq!(buf, b"foo: Bar\r\n");
         assert!(resp.case_header_iter().next().is_none());
+    }
+
+    #[test]
+    fn test_names_of_every_kind_without_case_map() {
+        // Without a case map a name is only made a `HeaderName`: on the wire, common names
+        // are titled and the rest lowercase, and an invalid name is still refused.
+        const RL: StaticHeaderName = StaticHeaderName::from_static("ratelimit");
+        let custom = HeaderName::from_static("x-custom");
+        let mut resp = ResponseHeader::new_no_case(None);
+        resp.insert_header(http::header::SERVER, "s").unwrap();
+        resp.append_header(&custom, "c").unwrap();
+        resp.insert_header(&RL, "r").unwrap();
+        resp.append_header("X-Str", "x").unwrap();
+        resp.append_header(String::from("X-String"), "y").unwrap();
+        assert!(resp.insert_header("bad name", "v").is_err());
+        assert!(resp.append_header("bad name", "v").is_err());
+        let mut buf: Vec<u8> = vec![];
+        resp.header_to_h1_wire(&mut buf);
+        assert_eq!(
+            buf,
+            b"Server: s\r\nx-custom: c\r\nratelimit: r\r\nx-str: x\r\nx-string: y\r\n"
+        );
+        assert!(resp.case_header_iter().next().is_none());
+
+        let mut req = RequestHeader::new_no_case(None);
+        req.append_header(&RL, "1").unwrap();
+        req.insert_header(&RL, "2").unwrap();
+        let mut buf: Vec<u8> = vec![];
+        req.header_to_h1_wire(&mut buf);
+        assert_eq!(buf, b"ratelimit: 2\r\n");
     }
 
     #[test]
