@@ -359,7 +359,8 @@ impl ProxyHttp for Gateway {
             // Shutting down: this connection closes after the response.
             session.set_keepalive(None);
         }
-        if let (Some(cfg), Some((id, d))) = (&ctx.config, &ctx.decisive) {
+        let decisive = ctx.config.as_ref().zip(ctx.decisive.as_ref());
+        if let Some((cfg, (id, d))) = decisive.filter(|(cfg, _)| cfg.headers.on_admitted) {
             upstream_response.reserve(headers::count(cfg, d, ctx.degraded.is_some()));
             let spec = ctx.overrides.as_deref().and_then(|o| o.rate(*id));
             headers::apply(

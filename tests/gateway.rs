@@ -674,6 +674,43 @@ async fn x_ratelimit_reset_is_the_end_of_the_fixed_window() {
     }
 }
 
+/// `headers.on_admitted: false`: admitted answers carry no rate-limit headers, and a 429
+/// carries every one of them, as by default.
+#[tokio::test(flavor = "multi_thread")]
+async fn rate_limit_headers_only_on_refusals_with_on_admitted_false() {
+    clear_of_window_boundary(HOUR, 20).await;
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&format!(
+        "{}{DEFAULT_ROUTE}headers: {{ on_admitted: false }}\nlimits:\n  - {{ name: per-key, key: [api_key], algorithm: fixed_window, limit: 2, window: 1h }}\n",
+        up.upstreams_yaml()
+    ))
+    .await;
+    let c = client();
+    let key = [("x-api-key", "key-a")];
+    for _ in 0..2 {
+        let r = get(&c, &gw.url("/x"), &key).await;
+        assert_eq!(r.status, StatusCode::OK, "{r:#?}");
+        r.assert_no_ratelimit_headers();
+    }
+    let (r, before, after) = timed_get(&c, &gw.url("/x"), &key).await;
+    assert_problem(&r, 429, "Too Many Requests");
+    let t = r.ratelimit_t();
+    let range = fixed_window_t_range(before, after, HOUR);
+    assert!(range.contains(&t), "t={t} not in {range:?}");
+    assert_eq!(r.header_u64("retry-after"), t);
+    assert_eq!(r.header("ratelimit-policy"), "\"per-key\";q=2;w=3600");
+    assert_eq!(r.header("ratelimit"), format!("\"per-key\";r=0;t={t}"));
+    assert_eq!(r.header("x-ratelimit-limit"), "2");
+    assert_eq!(r.header("x-ratelimit-remaining"), "0");
+    let reset = r.header_u64("x-ratelimit-reset");
+    assert!(
+        (before / 1000 + t..=after.div_ceil(1000) + t).contains(&reset),
+        "reset {reset}, t {t}"
+    );
+    // The admitted two reached the upstream, the refused one did not.
+    assert_eq!(up.requests().await, 2);
+}
+
 // ---------------------------------------------------------------------------------------
 // 3. Tiers, most restrictive wins, anonymous callers
 // ---------------------------------------------------------------------------------------

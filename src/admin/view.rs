@@ -125,7 +125,10 @@ pub fn config(cfg: &Config) -> Value {
         "shedding": cfg.shedding.as_ref().map(|sh| json!({
             "max_in_flight": sh.max_in_flight, "thresholds": sh.thresholds,
         })),
-        "headers": { "ietf": cfg.headers.ietf, "legacy": cfg.headers.legacy },
+        "headers": {
+            "ietf": cfg.headers.ietf, "legacy": cfg.headers.legacy,
+            "on_admitted": cfg.headers.on_admitted,
+        },
         "quotas": cfg.startup.quotas.as_ref().map(|q| json!({
             "database": q.database_redacted(), "refresh": secs(q.refresh),
         })),

@@ -99,6 +99,7 @@ pub const SHED_THRESHOLDS: [f64; 3] = [0.7, 0.8, 0.9];
 pub const HEADERS: HeaderSettings = HeaderSettings {
     ietf: true,
     legacy: true,
+    on_admitted: true,
 };
 
 // access_log

@@ -195,6 +195,10 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
     let headers = HeaderSettings {
         ietf: s.headers.ietf.unwrap_or(defaults::HEADERS.ietf),
         legacy: s.headers.legacy.unwrap_or(defaults::HEADERS.legacy),
+        on_admitted: s
+            .headers
+            .on_admitted
+            .unwrap_or(defaults::HEADERS.on_admitted),
     };
     Ok(Config {
         source: file.to_string(),

@@ -191,11 +191,15 @@ pub struct Config {
     pub admin: AdminSettings,
 }
 
-/// `headers`: which families of rate-limit headers responses carry.
+/// `headers`: which families of rate-limit headers responses carry, and whether admitted
+/// (proxied) responses carry them or only refusals do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeaderSettings {
     pub ietf: bool,
     pub legacy: bool,
+    /// `false`: only `429`s carry the rate-limit headers; a proxied answer goes back with
+    /// none (nothing told about the quota left, and no cost for them per request).
+    pub on_admitted: bool,
 }
 
 impl Config {

@@ -190,6 +190,7 @@ pub struct Match {
 pub struct Headers {
     pub ietf: Option<bool>,
     pub legacy: Option<bool>,
+    pub on_admitted: Option<bool>,
 }
 
 /// `shedding`: priority load shedding by requests in flight.

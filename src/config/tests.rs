@@ -20,6 +20,19 @@ fn minimal_config_gets_defaults() {
 }
 
 #[test]
+fn rate_limit_headers_on_admitted_answers_default_on_and_can_be_switched_off() {
+    let headers = |h: &str| check(&format!("{MIN}headers: {{ {h} }}\n")).map(|c| c.headers);
+    let by_default = headers("ietf: true").unwrap();
+    assert!(by_default.on_admitted && by_default.ietf && by_default.legacy);
+    let off = headers("on_admitted: false").unwrap();
+    assert!(!off.on_admitted && off.ietf && off.legacy);
+    assert_eq!(
+        headers("on_admitted: 1").unwrap_err(),
+        ["gateway.yaml: headers.on_admitted: invalid type: integer `1`, expected a boolean"]
+    );
+}
+
+#[test]
 fn collects_errors_from_every_section() {
     let yaml = format!(
         "{MIN}store: {{ timeout: 1x }}\nlimits:\n  - {{ name: a, limit: 0, window: 1m }}\n  - {{ name: b, limt: 5, window: 1m }}\n"
