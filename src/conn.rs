@@ -342,6 +342,9 @@ pub struct Tracked {
     state: Arc<ConnState>,
     sleep: Option<Pin<Box<Sleep>>>,
     armed_for: u64,
+    /// The waker the timer was last polled with: while the timer is still pending and this
+    /// waker would wake the same task, the timer need not be polled again.
+    timer_waker: Option<Waker>,
 }
 
 impl Tracked {
@@ -351,6 +354,7 @@ impl Tracked {
             state,
             sleep: None,
             armed_for: 0,
+            timer_waker: None,
         }
     }
 
@@ -381,6 +385,17 @@ impl Tracked {
     /// re-armed once, instead of being moved twice per request (a timer-wheel removal and
     /// insertion each time).
     fn deadline_passed(&mut self, cx: &mut Context<'_>, deadline_ms: u64) -> bool {
+        // Between requests the deadline only moves later, and the timer, armed at an earlier
+        // one, still holds this task's waker from the last request: nothing to poll. A timer
+        // that has fired (no longer pending) goes the long way, which re-arms it.
+        let armed = self.sleep.as_ref().is_some_and(|s| !s.is_elapsed());
+        let same_task = self
+            .timer_waker
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()));
+        if armed && same_task && self.armed_for <= deadline_ms {
+            return false;
+        }
         let origin = self.state.table.origin;
         let at = |ms: u64| origin + Duration::from_millis(ms.saturating_sub(1));
         let sleep = match &mut self.sleep {
@@ -397,6 +412,9 @@ impl Tracked {
         }
         loop {
             if sleep.as_mut().poll(cx).is_pending() {
+                if !same_task {
+                    self.timer_waker = Some(cx.waker().clone());
+                }
                 return false;
             }
             if self.armed_for == deadline_ms {
@@ -430,7 +448,13 @@ impl Tracked {
         if read.is_ready() {
             return read;
         }
-        *self.state.waker.lock() = Some(cx.waker().clone());
+        {
+            // Kept for [`ConnState::kill`]; the same task's waker is not cloned again.
+            let mut waker = self.state.waker.lock();
+            if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *waker = Some(cx.waker().clone());
+            }
+        }
         // Killed before the waker was there to be woken: see it now.
         if self.state.phase.load(Ordering::Acquire) == KILLED {
             return Poll::Ready(Ok(()));

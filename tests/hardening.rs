@@ -226,6 +226,48 @@ async fn an_idle_keepalive_connection_is_closed_after_keepalive_timeout() {
     assert_eq!(stats["connections"]["idle_timeouts"], 1, "{stats}");
 }
 
+/// Each request on a keep-alive connection pushes its idle deadline later. The timer armed
+/// after the first request fires before the deadline of the last; the connection stays open
+/// through it and closes `keepalive_timeout` after the last answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_requests_push_the_idle_deadline_and_the_connection_closes_after_the_last() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&login_config(
+        &up,
+        "server: { keepalive_timeout: 1s }\n",
+        100,
+    ))
+    .await;
+    let mut c = RawConn::connect(gw.listen).await;
+    // Three requests 600 ms apart: the second and third arrive after the first request's
+    // timer was armed (for 1 s after its answer), the third after that timer has fired.
+    for i in 0..3 {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        }
+        c.send(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .expect("send");
+        let r = c
+            .read_response()
+            .await
+            .expect("answer on the same connection");
+        assert_eq!(r.status, 200, "request {i}");
+    }
+    let (after, bytes) = c
+        .wait_closed(Duration::from_secs(6))
+        .await
+        .expect("the idle connection was closed");
+    assert_eq!(bytes, 0);
+    assert!(
+        after >= Duration::from_millis(800) && after < Duration::from_millis(2500),
+        "closed {after:?} after the last answer"
+    );
+    let stats = gw.stats().await;
+    assert_eq!(stats["connections"]["idle_timeouts"], 1, "{stats}");
+    assert_eq!(up.requests().await, 3);
+}
+
 /// A head sent one byte every 100 ms (the whole head would take over 5 s).
 const SLOW_HEAD: &[u8] =
     b"GET /slow HTTP/1.1\r\nHost: t\r\nX-Padding: aaaaaaaaaaaaaaaaaaaa\r\n\r\n";
