@@ -274,9 +274,9 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
-        ctx.obs = self.observer.begin(session);
         // The one config snapshot this request runs on.
         let cfg = self.config.snapshot();
+        ctx.obs = self.observer.begin(session, &cfg);
         let tracked = ConnState::of(session).map(|conn| conn.busy()).is_some();
         session.set_pipelining_enabled(true);
         // Only where Pingora keeps the connection (HTTP/1.1, or 1.0 asking for keep-alive);

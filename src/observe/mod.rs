@@ -106,9 +106,6 @@ impl Record {
     }
 }
 
-/// The access-log settings in effect (`enabled`, `format`, `sample` reload).
-type Logging = crate::config::AccessLogSettings;
-
 /// The gateway's observability: metrics, top callers, the access log.
 pub struct Observer {
     pub metrics: Metrics,
@@ -119,7 +116,6 @@ pub struct Observer {
     store: Arc<Store>,
     shedder: Arc<Shedder>,
     log: AccessLog,
-    logging: ArcSwap<Logging>,
     /// This process among all gateways (as the start of every request id it makes), and the
     /// requests numbered so far, for request ids.
     id_prefix: [u8; 17],
@@ -148,7 +144,6 @@ impl Observer {
             top: TopCallers::default(),
             labels: ArcSwap::from_pointee(labels),
             resolving: parking_lot::Mutex::new(()),
-            logging: ArcSwap::from_pointee(cfg.access_log.clone()),
             config,
             store,
             shedder,
@@ -188,7 +183,6 @@ impl Observer {
         if Arc::ptr_eq(&self.config.snapshot(), cfg) {
             cur.prune(&self.metrics, &next);
             self.labels.store(next.clone());
-            self.logging.store(Arc::new(cfg.access_log.clone()));
         }
         f(&next)
     }
@@ -196,8 +190,8 @@ impl Observer {
     /// A request starts: its clock and, while the access log is on, its id unless the client
     /// sent a usable one. (Request ids tie log lines to the upstream's; forwarding one costs
     /// about 2% of a proxied request, so it is part of the access log's cost.)
-    pub fn begin(&self, session: &Session) -> Record {
-        let logged = self.logging.load().enabled;
+    pub fn begin(&self, session: &Session, cfg: &Config) -> Record {
+        let logged = cfg.access_log.enabled;
         let make_id = logged
             && !session
                 .req_header()
@@ -293,10 +287,17 @@ impl Observer {
         rec: &Record,
         now: Instant,
     ) {
-        let cfg = cfg.cloned().unwrap_or_else(|| self.config.snapshot());
+        let snapshot;
+        let cfg = match cfg {
+            Some(cfg) => cfg,
+            None => {
+                snapshot = self.config.snapshot();
+                &snapshot
+            }
+        };
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let took = rec.start.map(|s| now.saturating_duration_since(s));
-        self.with_labels(&cfg, |l| {
+        self.with_labels(cfg, |l| {
             l.request(route, status, took.map(|t| t.as_secs_f64()))
         });
         // Logged when the access log was on as the request began (as its id and upstream
@@ -305,9 +306,9 @@ impl Observer {
             return;
         }
         let log = &self.log;
-        let logging = self.logging.load();
+        let logging = &cfg.access_log;
         if logging.enabled && self.sampled(logging.sample) {
-            let request = (&cfg, session, route, rec);
+            let request = (cfg, session, route, rec);
             log.log(|out| self.write_line(out, logging.format, request, status, took));
         }
     }
