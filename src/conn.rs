@@ -24,6 +24,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -31,6 +32,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use http::HeaderValue;
 use parking_lot::Mutex;
 use pingora_core::apps::ServerApp;
 use pingora_core::protocols::raw_connect::ProxyDigest;
@@ -96,6 +98,9 @@ pub struct ConnState {
     deadline_ms: AtomicU64,
     idle_since_ms: AtomicU64,
     waker: Mutex<Option<Waker>>,
+    /// The client's address and its text, made once for every request of the connection
+    /// (the `X-Forwarded-For` a request without one gets).
+    peer: Option<(IpAddr, HeaderValue)>,
 }
 
 impl Connections {
@@ -137,7 +142,7 @@ impl Connections {
     }
 
     /// Register a new connection, closing the oldest idle one at the cap; `None`: refused.
-    fn admit(self: &Arc<Self>) -> Option<Arc<ConnState>> {
+    fn admit(self: &Arc<Self>, peer: Option<IpAddr>) -> Option<Arc<ConnState>> {
         if self.open.fetch_add(1, Ordering::AcqRel) >= self.cap && !self.evict_oldest_idle() {
             self.open.fetch_sub(1, Ordering::AcqRel);
             self.stats.refused.fetch_add(1, Ordering::Relaxed);
@@ -151,6 +156,13 @@ impl Connections {
             deadline_ms: AtomicU64::new(self.now_ms() + self.header_timeout.as_millis() as u64),
             idle_since_ms: AtomicU64::new(0),
             waker: Mutex::new(None),
+            peer: peer.and_then(|ip| {
+                let mut text = Vec::with_capacity(15);
+                crate::observe::format::push_ip(&mut text, ip);
+                HeaderValue::from_maybe_shared(bytes::Bytes::from(text))
+                    .ok()
+                    .map(|v| (ip, v))
+            }),
         });
         self.live.lock().insert(state.id, Arc::downgrade(&state));
         Some(state)
@@ -219,6 +231,11 @@ impl ConnState {
     pub fn of(session: &Session) -> Option<&Arc<ConnState>> {
         let stream = session.stream()?;
         stream.as_any().downcast_ref::<Tracked>().map(|t| &t.state)
+    }
+
+    /// The client's address and its text form, when it is an IP address.
+    pub fn peer(&self) -> Option<&(IpAddr, HeaderValue)> {
+        self.peer.as_ref()
     }
 
     fn set_phase(&self, to: u8) -> u8 {
@@ -313,7 +330,10 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Guard<A> {
         if stream.as_any().is::<Tracked>() {
             return self.inner.process_new(stream, shutdown).await;
         }
-        let state = self.table.admit()?;
+        let peer = stream
+            .get_socket_digest()
+            .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()));
+        let state = self.table.admit(peer)?;
         let mut tracked = Tracked::new(stream, state.clone());
         // Pingora drops every connection parked waiting for a head when the listener shuts
         // down (a keep-alive connection, it assumes), which would lose the request of a client

@@ -55,6 +55,8 @@ pub struct RequestCtx {
     config: Option<Arc<Config>>,
     route: Option<RouteId>,
     peer: Option<IpAddr>,
+    /// The connection's peer and its text, made once per connection ([`ConnState::peer`]).
+    peer_text: Option<(IpAddr, http::HeaderValue)>,
     /// The most restrictive enforcing rate limit, for the response headers.
     decisive: Option<(LimitId, Decision)>,
     degraded: Option<OnError>,
@@ -232,8 +234,16 @@ fn forwarding_headers(
         req.insert_header(&X_REQUEST_ID, id)?;
     }
     let Some(peer) = ctx.peer else { return Ok(()) };
+    let xff_name = X_FORWARDED_FOR;
+    let xff = xff_name.as_header_name();
+    if !req.headers.contains_key(xff) {
+        // The usual case, no proxy before this one: the connection's own text of the peer.
+        if let Some((_, text)) = ctx.peer_text.as_ref().filter(|(ip, _)| *ip == peer) {
+            return req.insert_header(&X_FORWARDED_FOR, text.clone());
+        }
+    }
     let mut chain = Vec::with_capacity(48);
-    for v in req.headers.get_all(X_FORWARDED_FOR.as_header_name()) {
+    for v in req.headers.get_all(xff) {
         if let Ok(v) = v.to_str() {
             chain.extend_from_slice(v.as_bytes());
             chain.extend_from_slice(b", ");
@@ -277,7 +287,9 @@ impl ProxyHttp for Gateway {
         // The one config snapshot this request runs on.
         let cfg = self.config.snapshot();
         ctx.obs = self.observer.begin(session, &cfg);
-        let tracked = ConnState::of(session).map(|conn| conn.busy()).is_some();
+        let conn = ConnState::of(session);
+        let tracked = conn.map(|conn| conn.busy()).is_some();
+        ctx.peer_text = conn.and_then(|conn| conn.peer().cloned());
         session.set_pipelining_enabled(true);
         // Only where Pingora keeps the connection (HTTP/1.1, or 1.0 asking for keep-alive);
         // `Some(0)` would mean "forever".

@@ -227,7 +227,11 @@ async fn x_forwarded_for_gets_the_client_address_appended() {
         forwarded_for_seen(&c2, &url, &[("x-forwarded-for", "192.0.2.1")]).await,
         vec!["192.0.2.1, 127.0.0.2"]
     );
-    assert_eq!(up.requests().await, 5);
+    // Without one, on the same connection as the request before: that peer alone (the
+    // connection's own text of it, not the first client's).
+    assert_eq!(forwarded_for_seen(&c2, &url, &[]).await, vec!["127.0.0.2"]);
+    assert_eq!(forwarded_for_seen(&c, &url, &[]).await, vec!["127.0.0.1"]);
+    assert_eq!(up.requests().await, 7);
 }
 
 /// The X-Forwarded-For values the upstream received for one request.
