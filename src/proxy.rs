@@ -114,10 +114,11 @@ impl Gateway {
         ctx.obs.identified(&caller);
 
         // 2. Which route, on the normal form of the path (step 0 put it in the head).
-        let host = req
-            .headers
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok());
+        let host = || {
+            req.headers
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+        };
         let Some(route_id) = match_route(cfg, &req.method, host, req.uri.path()) else {
             return Err(refused(Refusal::NoRoute {
                 method: req.method.clone(),
@@ -127,8 +128,9 @@ impl Gateway {
         ctx.route = Some(route_id);
         let route = &cfg.routes[route_id];
         ctx.max_body = route.max_body_bytes.or(cfg.http.max_body_bytes);
-        if let (Some(max), Some(len)) = (ctx.max_body, content_length(req)) {
-            if len > max {
+        // The declared length is looked up only when there is a bound to hold it to.
+        if let Some(max) = ctx.max_body {
+            if content_length(req).is_some_and(|len| len > max) {
                 return Err(refused(Refusal::BodyTooLarge));
             }
         }

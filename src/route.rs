@@ -9,18 +9,36 @@ use http::Method;
 
 use crate::config::{Config, Route};
 
-/// The index in `cfg.routes` of the route for this request, if any.
-pub fn match_route(cfg: &Config, method: &Method, host: Option<&str>, path: &str) -> Option<usize> {
+/// The index in `cfg.routes` of the route for this request, if any. `host` gives the request's
+/// host; it is asked for only when a route names one.
+pub fn match_route<'a>(
+    cfg: &Config,
+    method: &Method,
+    host: impl FnOnce() -> Option<&'a str>,
+    path: &str,
+) -> Option<usize> {
     // `Api.Example.com.:8080` is `api.example.com` (compared without case).
-    let host = host.map(|h| crate::path::trim_host_dot(strip_port(h)));
+    let mut host = Some(host);
+    let mut normal_host: Option<&str> = None;
+    let mut host_of = || {
+        if let Some(read) = host.take() {
+            normal_host = read().map(|h| crate::path::trim_host_dot(strip_port(h)));
+        }
+        normal_host
+    };
     cfg.routes
         .iter()
-        .position(|r| matches(r, method, host, path))
+        .position(|r| matches(r, method, &mut host_of, path))
 }
 
-fn matches(r: &Route, method: &Method, host: Option<&str>, path: &str) -> bool {
+fn matches<'a>(
+    r: &Route,
+    method: &Method,
+    host: &mut impl FnMut() -> Option<&'a str>,
+    path: &str,
+) -> bool {
     if let Some(want) = &r.host {
-        match host {
+        match host() {
             Some(h) if h.eq_ignore_ascii_case(want) => {}
             _ => return false,
         }
@@ -68,7 +86,7 @@ routes:
     }
 
     fn name(c: &Config, m: Method, host: Option<&str>, path: &str) -> String {
-        c.routes[match_route(c, &m, host, path).unwrap()]
+        c.routes[match_route(c, &m, || host, path).unwrap()]
             .name
             .to_string()
     }
@@ -92,5 +110,38 @@ routes:
         );
         assert_eq!(name(&c, Method::GET, None, "/apix"), "default");
         assert_eq!(name(&c, Method::GET, None, "/"), "default");
+    }
+
+    #[test]
+    fn the_host_is_read_only_when_a_route_names_one() {
+        let no_hosts = from_yaml(
+            "t.yaml",
+            "upstreams: { b: [\"127.0.0.1:9000\"] }\nroutes:\n  - { name: api, match: { path_prefix: /api }, upstream: b }\n  - { name: default, match: { path_prefix: / }, upstream: b }\n",
+            &Overrides::default(),
+        )
+        .unwrap();
+        let mut reads = 0;
+        let host = || {
+            reads += 1;
+            Some("admin.example.com")
+        };
+        assert_eq!(
+            match_route(&no_hosts, &Method::GET, host, "/api/x"),
+            Some(0)
+        );
+        assert_eq!(reads, 0);
+        // With a host route on the way: read once, whatever the routes after it.
+        let c = cfg();
+        let host = || {
+            reads += 1;
+            Some("other.example.com")
+        };
+        assert_eq!(
+            c.routes[match_route(&c, &Method::GET, host, "/apix").unwrap()]
+                .name
+                .as_ref(),
+            "default"
+        );
+        assert_eq!(reads, 1);
     }
 }

@@ -89,7 +89,7 @@ pub fn decide(
 ) -> (Admitted, Report) {
     let method = Method::GET;
     let caller = identify(cfg, headers, peer).expect("identified");
-    let r = match_route(cfg, &method, Some("example.com"), path).expect("a route");
+    let r = match_route(cfg, &method, || Some("example.com"), path).expect("a route");
     let req = Request {
         cfg,
         caller: &caller,
