@@ -295,7 +295,8 @@ impl ProxyHttp for Gateway {
         session.set_pipelining_enabled(true);
         // Only where Pingora keeps the connection (HTTP/1.1, or 1.0 asking for keep-alive);
         // `Some(0)` would mean "forever".
-        if session.get_keepalive().is_some() {
+        let keepalive = session.get_keepalive();
+        if keepalive.is_some() {
             let secs = cfg.http.keepalive_timeout.as_secs();
             if self.lifecycle.draining() || secs == 0 {
                 session.set_keepalive(None);
@@ -303,8 +304,11 @@ impl ProxyHttp for Gateway {
                 // `conn` closes the connection once it has been idle `keepalive_timeout`, so
                 // Pingora keeps it without a timer of its own: `Some(secs)` would wrap every
                 // read of every head in a timeout (about 3% of a proxied request's
-                // instructions).
-                session.set_keepalive(Some(0));
+                // instructions). Pingora has already said `Some(0)` for a keep-alive request
+                // (setting it again would read the request's `Connection` header again).
+                if keepalive != Some(0) {
+                    session.set_keepalive(Some(0));
+                }
             } else {
                 session.set_keepalive(Some(secs));
             }
