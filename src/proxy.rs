@@ -227,8 +227,8 @@ fn forwarding_headers(
     req: &mut RequestHeader,
     ctx: &RequestCtx,
 ) -> Result<()> {
-    const X_FORWARDED_FOR: StaticHeaderName = StaticHeaderName::from_static("x-forwarded-for");
-    const X_REQUEST_ID: StaticHeaderName = StaticHeaderName::from_static(observe::REQUEST_ID);
+    static X_FORWARDED_FOR: StaticHeaderName = StaticHeaderName::from_static("x-forwarded-for");
+    static X_REQUEST_ID: StaticHeaderName = StaticHeaderName::from_static(observe::REQUEST_ID);
     let id = ctx.obs.generated_id(observer);
     // Room for both at once, should the head have none left.
     req.reserve(1 + usize::from(id.is_some()));
@@ -236,8 +236,7 @@ fn forwarding_headers(
         req.insert_header(&X_REQUEST_ID, id)?;
     }
     let Some(peer) = ctx.peer else { return Ok(()) };
-    let xff_name = X_FORWARDED_FOR;
-    let xff = xff_name.as_header_name();
+    let xff = X_FORWARDED_FOR.as_header_name();
     if !req.headers.contains_key(xff) {
         // The usual case, no proxy before this one: the connection's own text of the peer.
         if let Some((_, text)) = ctx.peer_text.as_ref().filter(|(ip, _)| *ip == peer) {
