@@ -66,6 +66,30 @@ fn assert_allowed(r: &Resp, name: &str, q: u64, w: u64, remaining: u64, before: 
     assert!(r.opt_header("retry-after").is_none(), "{r:#?}");
 }
 
+/// A 429 of fixed_window limit `name` of `q` an hour, asked between `before` and `after`
+/// (ms): every rate-limit header, exact; its `t`.
+fn assert_denied_hourly(r: &Resp, name: &str, q: u64, before: u64, after: u64) -> u64 {
+    let t = r.ratelimit_t();
+    let range = fixed_window_t_range(before, after, HOUR);
+    assert!(range.contains(&t), "t={t} not in {range:?}");
+    assert!(t >= 1);
+    assert_eq!(r.header_u64("retry-after"), t);
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        format!("\"{name}\";q={q};w={HOUR}")
+    );
+    assert_eq!(r.header("ratelimit"), format!("\"{name}\";r=0;t={t}"));
+    assert_eq!(r.header_u64("x-ratelimit-limit"), q);
+    assert_eq!(r.header("x-ratelimit-remaining"), "0");
+    // Reset = now + t (±1 s: the gateway's now is between before and after).
+    let reset = r.header_u64("x-ratelimit-reset");
+    assert!(
+        (before / 1000 + t..=after.div_ceil(1000) + t).contains(&reset),
+        "reset {reset}, t {t}"
+    );
+    t
+}
+
 /// GET with timestamps around it: `(response, before_ms, after_ms)`.
 async fn timed_get(c: &reqwest::Client, url: &str, h: &[(&str, &str)]) -> (Resp, u64, u64) {
     let before = now_ms();
@@ -620,20 +644,7 @@ async fn limit_denies_with_exact_headers_and_problem_body() {
         let (r, before, after) = timed_get(&c, &url, &key).await;
         let body = assert_problem(&r, 429, "Too Many Requests");
         assert_eq!(r.header("cache-control"), "no-store");
-        let t = r.ratelimit_t();
-        let range = fixed_window_t_range(before, after, HOUR);
-        assert!(range.contains(&t), "t={t} not in {range:?}");
-        assert!(t >= 1);
-        assert_eq!(r.header_u64("retry-after"), t);
-        assert_eq!(r.header("ratelimit-policy"), "\"per-key\";q=3;w=3600");
-        assert_eq!(r.header("ratelimit"), format!("\"per-key\";r=0;t={t}"));
-        assert_eq!(r.header("x-ratelimit-limit"), "3");
-        assert_eq!(r.header("x-ratelimit-remaining"), "0");
-        let reset = r.header_u64("x-ratelimit-reset");
-        assert!(
-            (before / 1000 + t..=after.div_ceil(1000) + t).contains(&reset),
-            "reset {reset}, t {t}"
-        );
+        let t = assert_denied_hourly(&r, "per-key", 3, before, after);
         assert_eq!(body["type"], QUOTA_EXCEEDED);
         assert_eq!(body["policy"], "per-key");
         assert_eq!(body["limit"], 3);
@@ -698,19 +709,7 @@ async fn rate_limit_headers_only_on_refusals_with_on_admitted_false() {
     }
     let (r, before, after) = timed_get(&c, &gw.url("/x"), &key).await;
     assert_problem(&r, 429, "Too Many Requests");
-    let t = r.ratelimit_t();
-    let range = fixed_window_t_range(before, after, HOUR);
-    assert!(range.contains(&t), "t={t} not in {range:?}");
-    assert_eq!(r.header_u64("retry-after"), t);
-    assert_eq!(r.header("ratelimit-policy"), "\"per-key\";q=2;w=3600");
-    assert_eq!(r.header("ratelimit"), format!("\"per-key\";r=0;t={t}"));
-    assert_eq!(r.header("x-ratelimit-limit"), "2");
-    assert_eq!(r.header("x-ratelimit-remaining"), "0");
-    let reset = r.header_u64("x-ratelimit-reset");
-    assert!(
-        (before / 1000 + t..=after.div_ceil(1000) + t).contains(&reset),
-        "reset {reset}, t {t}"
-    );
+    assert_denied_hourly(&r, "per-key", 2, before, after);
     // The admitted two reached the upstream, the refused one did not.
     assert_eq!(up.requests().await, 2);
 }

@@ -195,15 +195,36 @@ async fn http11_without_host_is_400_and_pipelined_requests_are_answered_in_order
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_keepalive_connection_is_closed_after_keepalive_timeout() {
-    let up = Upstream::start().await;
-    let gw = Gateway::start(&login_config(
-        &up,
+/// A gateway whose idle keep-alive connections close after 1 s.
+async fn keepalive_1s(up: &Upstream) -> Gateway {
+    Gateway::start(&login_config(
+        up,
         "server: { keepalive_timeout: 1s }\n",
         100,
     ))
-    .await;
+    .await
+}
+
+/// `c` is closed by the gateway, unanswered, about 1 s after its last answer: its one idle
+/// timeout.
+async fn closed_after_1s_idle(c: &mut RawConn, gw: &Gateway) {
+    let (after, bytes) = c
+        .wait_closed(Duration::from_secs(6))
+        .await
+        .expect("the idle connection was closed");
+    assert_eq!(bytes, 0);
+    assert!(
+        after >= Duration::from_millis(800) && after < Duration::from_millis(2500),
+        "closed {after:?} after the last answer"
+    );
+    let stats = gw.stats().await;
+    assert_eq!(stats["connections"]["idle_timeouts"], 1, "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keepalive_connection_is_closed_after_keepalive_timeout() {
+    let up = Upstream::start().await;
+    let gw = keepalive_1s(&up).await;
     let mut c = RawConn::connect(gw.listen).await;
     // The client asks for far longer; the gateway's timeout wins.
     c.send(
@@ -213,17 +234,7 @@ async fn an_idle_keepalive_connection_is_closed_after_keepalive_timeout() {
     .expect("send");
     let r = c.read_response().await.expect("answer");
     assert_eq!(r.status, 200);
-    let (after, bytes) = c
-        .wait_closed(Duration::from_secs(6))
-        .await
-        .expect("the idle connection was closed");
-    assert_eq!(bytes, 0);
-    assert!(
-        after >= Duration::from_millis(800) && after < Duration::from_millis(2500),
-        "closed {after:?} after the answer"
-    );
-    let stats = gw.stats().await;
-    assert_eq!(stats["connections"]["idle_timeouts"], 1, "{stats}");
+    closed_after_1s_idle(&mut c, &gw).await;
 }
 
 /// Each request on a keep-alive connection pushes its idle deadline later. The timer armed
@@ -232,12 +243,7 @@ async fn an_idle_keepalive_connection_is_closed_after_keepalive_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn later_requests_push_the_idle_deadline_and_the_connection_closes_after_the_last() {
     let up = Upstream::start().await;
-    let gw = Gateway::start(&login_config(
-        &up,
-        "server: { keepalive_timeout: 1s }\n",
-        100,
-    ))
-    .await;
+    let gw = keepalive_1s(&up).await;
     let mut c = RawConn::connect(gw.listen).await;
     // Three requests 600 ms apart: the second and third arrive after the first request's
     // timer was armed (for 1 s after its answer), the third after that timer has fired.
@@ -254,17 +260,7 @@ async fn later_requests_push_the_idle_deadline_and_the_connection_closes_after_t
             .expect("answer on the same connection");
         assert_eq!(r.status, 200, "request {i}");
     }
-    let (after, bytes) = c
-        .wait_closed(Duration::from_secs(6))
-        .await
-        .expect("the idle connection was closed");
-    assert_eq!(bytes, 0);
-    assert!(
-        after >= Duration::from_millis(800) && after < Duration::from_millis(2500),
-        "closed {after:?} after the last answer"
-    );
-    let stats = gw.stats().await;
-    assert_eq!(stats["connections"]["idle_timeouts"], 1, "{stats}");
+    closed_after_1s_idle(&mut c, &gw).await;
     assert_eq!(up.requests().await, 3);
 }
 
