@@ -5,6 +5,8 @@
 //! path-segment boundary: `/api/v1/orders` matches `/api/v1/orders` and `/api/v1/orders/7`,
 //! not `/api/v1/ordersX`.
 
+use std::cell::LazyCell;
+
 use http::Method;
 
 use crate::config::{Config, Route};
@@ -18,23 +20,16 @@ pub fn match_route<'a>(
     path: &str,
 ) -> Option<usize> {
     // `Api.Example.com.:8080` is `api.example.com` (compared without case).
-    let mut host = Some(host);
-    let mut normal_host: Option<&str> = None;
-    let mut host_of = || {
-        if let Some(read) = host.take() {
-            normal_host = read().map(|h| crate::path::trim_host_dot(strip_port(h)));
-        }
-        normal_host
-    };
+    let host = LazyCell::new(|| host().map(|h| crate::path::trim_host_dot(strip_port(h))));
     cfg.routes
         .iter()
-        .position(|r| matches(r, method, &mut host_of, path))
+        .position(|r| matches(r, method, || *host, path))
 }
 
 fn matches<'a>(
     r: &Route,
     method: &Method,
-    host: &mut impl FnMut() -> Option<&'a str>,
+    host: impl FnOnce() -> Option<&'a str>,
     path: &str,
 ) -> bool {
     if let Some(want) = &r.host {
