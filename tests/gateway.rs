@@ -489,6 +489,106 @@ async fn after_an_upstream_restart_requests_are_answered_on_one_new_connection()
     three_on_one_connection(&c, &gw, &up, "after").await;
 }
 
+/// Idle upstream connections end as they did when Pingora watched each with a task of its own
+/// (`patches/README.md`, pull request 6: one sweeping task per pool, every second). Two raw
+/// upstreams note when each of their connections is closed:
+/// - `a` (`idle: 400ms`) keeps its connections open: the gateway closes the pooled one once
+///   its idle timeout has passed, never before it, and within a sweep after;
+/// - `b` (`idle: 60s`) closes its side of a connection 100 ms after answering on it: the
+///   gateway closes its own side within a sweep, and the next request is answered on a new
+///   connection.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_upstream_connections_close_after_their_timeout_or_their_upstream() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::mpsc;
+
+    /// A connection's end: when its last answer was written and when the gateway closed it.
+    struct Closed {
+        answered: Instant,
+        closed: Instant,
+    }
+    /// An upstream answering every request with `200 ok`, which closes its side of a
+    /// connection `half_close` after answering on it, if given.
+    async fn raw_upstream(
+        half_close: Option<Duration>,
+    ) -> (std::net::SocketAddr, mpsc::UnboundedReceiver<Closed>) {
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    let mut answered = None;
+                    loop {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => head.extend_from_slice(&chunk[..n]),
+                        }
+                        if head.ends_with(b"\r\n\r\n") {
+                            head.clear();
+                            let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                            s.write_all(ok).await.expect("answer");
+                            answered = Some(Instant::now());
+                            if let Some(after) = half_close {
+                                tokio::time::sleep(after).await;
+                                s.shutdown().await.expect("half-close");
+                            }
+                        }
+                    }
+                    if let Some(answered) = answered {
+                        let closed = Instant::now();
+                        let _ = tx.send(Closed { answered, closed });
+                    }
+                });
+            }
+        });
+        (addr, rx)
+    }
+    const SWEEP: Duration = Duration::from_secs(1);
+    let idle = Duration::from_millis(400);
+    let (a, mut a_closed) = raw_upstream(None).await;
+    let (b, mut b_closed) = raw_upstream(Some(Duration::from_millis(100))).await;
+    let gw = Gateway::start(&format!(
+        "server: {{ threads: 1 }}\n\
+         upstreams:\n\
+         \x20 a: {{ servers: [\"{a}\"], timeouts: {{ idle: 400ms }} }}\n\
+         \x20 b: {{ servers: [\"{b}\"], timeouts: {{ idle: 60s }} }}\n\
+         routes:\n\
+         \x20 - {{ name: a, match: {{ path_prefix: /a }}, upstream: a }}\n\
+         \x20 - {{ name: b, match: {{ path_prefix: /b }}, upstream: b }}\n"
+    ))
+    .await;
+    let c = client();
+    async fn next_closed(rx: &mut mpsc::UnboundedReceiver<Closed>, what: &str) -> Duration {
+        let end = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("the gateway closes {what} within 5 s"))
+            .expect("a closed connection");
+        end.closed - end.answered
+    }
+
+    assert_eq!(get(&c, &gw.url("/a/1"), &[]).await.status, StatusCode::OK);
+    let idle_for = next_closed(&mut a_closed, "an idle connection past its timeout").await;
+    assert!(
+        idle_for >= idle && idle_for < idle + 2 * SWEEP,
+        "closed {idle_for:?} after its last answer, idle timeout {idle:?}"
+    );
+
+    assert_eq!(get(&c, &gw.url("/b/1"), &[]).await.status, StatusCode::OK);
+    let idle_for = next_closed(&mut b_closed, "an idle connection its upstream closed").await;
+    assert!(
+        idle_for < Duration::from_millis(100) + 2 * SWEEP,
+        "closed {idle_for:?} after its last answer"
+    );
+    let r = get(&c, &gw.url("/b/2"), &[]).await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+}
+
 /// The peers tollgate hands Pingora (`tollgate::proxy::peer`) take the patched `pingora-core`'s
 /// path (`patches/README.md`): a pooled connection is matched to its peer by the address
 /// recorded when it was made, not with a `getpeername` call per reuse. It matches the peer it

@@ -15,6 +15,7 @@
 //! Connecting to servers
 
 pub mod http;
+mod idle;
 pub mod l4;
 #[cfg(feature = "any_tls")]
 mod tls;
@@ -28,6 +29,7 @@ use crate::server::configuration::ServerConf;
 use crate::upstreams::peer::{Peer, ALPN};
 
 use crate::offload::OffloadRuntime;
+use idle::{IdleWatch, Pool, PooledStream};
 pub use l4::Connect as L4Connect;
 use l4::{connect as l4_connect, BindTo};
 use log::{debug, error, warn};
@@ -170,7 +172,8 @@ impl ConnectorOptions {
 /// [TransportConnector] provides APIs to connect to servers via TCP or TLS with connection reuse
 pub struct TransportConnector {
     tls_ctx: tls::Connector,
-    connection_pool: Arc<ConnectionPool<Arc<Mutex<Stream>>>>,
+    connection_pool: Arc<Pool>,
+    idle: Arc<IdleWatch>,
     offload: Option<OffloadRuntime>,
     bind_to_v4: Vec<SocketAddr>,
     bind_to_v6: Vec<SocketAddr>,
@@ -204,6 +207,7 @@ impl TransportConnector {
         TransportConnector {
             tls_ctx: tls::Connector::new(options),
             connection_pool: Arc::new(ConnectionPool::new(pool_size)),
+            idle: Arc::default(),
             offload: offload.map(|v| OffloadRuntime::new("upstream connect offload", v.0, v.1)),
             bind_to_v4,
             bind_to_v6,
@@ -257,7 +261,13 @@ impl TransportConnector {
                 } // wait for the idle poll to release it
                 match Arc::try_unwrap(s) {
                     Ok(l) => {
-                        let mut stream = l.into_inner();
+                        let pooled = l.into_inner();
+                        // Past its idle timeout, and not swept out of the pool yet.
+                        if pooled.expired() {
+                            debug!("Idle connection is past its idle timeout");
+                            return None;
+                        }
+                        let mut stream = pooled.stream;
                         // test_reusable_stream: we assume server would never actively send data
                         // first on an idle stream.
                         #[cfg(unix)]
@@ -321,12 +331,26 @@ impl TransportConnector {
         let id = stream.id();
         let meta = ConnectionMeta::new(key, id);
         debug!("Try to keepalive client session");
-        let stream = Arc::new(Mutex::new(stream));
+        let stream = Arc::new(Mutex::new(PooledStream::new(stream, idle_timeout)));
+        let Some(keepalive_pool_callback) = self.keepalive_pool_callback.clone() else {
+            // Watched by the pool's one sweeping task, with the others (see `idle`); the
+            // pool's signals of reuse and eviction have no listener.
+            let watched = Arc::downgrade(&stream);
+            let _ = self.connection_pool.put(&meta, stream);
+            self.idle.watch(
+                &self.connection_pool,
+                meta,
+                watched,
+                &self.unexpected_data_conn_count,
+            );
+            return;
+        };
+        // A callback is told how long each connection evicted from the pool was idle: a task
+        // per connection watches for that.
         let locked_stream = stream.clone().try_lock_owned().unwrap(); // safe as we just created it
         let (notify_close, watch_use) = self.connection_pool.put(&meta, stream);
         let idle_meta = IdleConnection::new(meta);
         let pool = self.connection_pool.clone(); //clone the arc
-        let keepalive_pool_callback = self.keepalive_pool_callback.clone();
         let rt = pingora_runtime::current_handle();
         rt.spawn(async move {
             if pool
@@ -339,9 +363,7 @@ impl TransportConnector {
                 )
                 .await
             {
-                if let Some(callback) = keepalive_pool_callback {
-                    callback(idle_meta.elapsed());
-                }
+                keepalive_pool_callback(idle_meta.elapsed());
             }
         });
     }
