@@ -32,6 +32,8 @@
 #        PROXY_CPUS=0,1 LOAD_CPUS=0,1 loadtest/proxy.sh -t 2   # both cores shared (scaling)
 #        PROFILE=release loadtest/proxy.sh   # the quick start's build instead of `production`
 #        ROWS="nginx bare bare-pgo memory memory-pgo" loadtest/proxy.sh   # with and without PGO
+#        PGO_BUILT=1 ROWS="nginx bare-pgo memory-pgo" loadtest/proxy.sh   # target/pgo as a
+#          `scripts/pgo.sh --bare` of this tree left it, not built again
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=10 conns=50 rounds=3 threads=1
@@ -45,8 +47,14 @@ need taskset util-linux; need python3 python3
 # The binaries are built with the profile that ships (Cargo.toml's `production`: fat LTO,
 # one codegen unit), PROFILE=release for the quick start's build.
 profile=${PROFILE:-production}
-cargo build --profile "$profile" --quiet --bin tollgate --example bare_pingora
-if [[ " ${rows[*]} " == *-pgo\ * ]]; then scripts/pgo.sh --bare; fi
+# Built only when a row runs it: NGINX, HAProxy and the -pgo rows need no production build.
+for row in "${rows[@]}"; do
+  case $row in nginx | haproxy | *-pgo) ;; *)
+    cargo build --profile "$profile" --quiet --bin tollgate --example bare_pingora
+    break ;;
+  esac
+done
+if [[ " ${rows[*]} " == *-pgo\ * ]] && [ "${PGO_BUILT:-}" != 1 ]; then scripts/pgo.sh --bare; fi
 start_bench
 start_redis
 
