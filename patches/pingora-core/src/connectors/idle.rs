@@ -92,7 +92,8 @@ struct Watched {
 }
 
 impl IdleWatch {
-    /// Note the connection `conn` refers to, just put in `pool` as `meta`; the first one starts the sweeping task.
+    /// Note the connection `conn` refers to, just put in `pool` as `meta`. The first one
+    /// starts the sweeping task.
     pub(crate) fn watch(
         self: &Arc<Self>,
         pool: &Arc<Pool>,
@@ -218,6 +219,7 @@ mod tests {
     async fn released_connections_share_one_task_and_are_reused() {
         let connector = TransportConnector::new(None);
         let (listener, peer) = upstream().await;
+        // The upstream's ends, kept open while the connections idle.
         let mut ends = Vec::new();
         let mut ids = Vec::new();
         for _ in 0..3 {
