@@ -69,9 +69,10 @@ pub(super) async fn check(
             .iter()
             .map(|c| req.cfg.limit(c.id).lease_max)
             .collect();
-        store
-            .check_leasing(&checks, &lease, now, &mut decisions, &mut from_lease)
-            .await
+        // Boxed: only a store that leases comes here, and this call's future (1.9 KB) would
+        // otherwise be part of every request's own (`request_filter`'s, allocated and moved
+        // for each request, limits or not: 4.2 KB with it, 2.3 KB without).
+        Box::pin(store.check_leasing(&checks, &lease, now, &mut decisions, &mut from_lease)).await
     } else {
         store.check(&checks, now, &mut decisions).await
     };
