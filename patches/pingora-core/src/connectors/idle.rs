@@ -198,6 +198,19 @@ mod tests {
         (stream, upstream_end)
     }
 
+    /// A new connection to `peer`, released to the pool to idle for `idle_timeout`, and the
+    /// upstream's end of it.
+    async fn released(
+        connector: &TransportConnector,
+        listener: &TcpListener,
+        peer: &BasicPeer,
+        idle_timeout: Option<Duration>,
+    ) -> TcpStream {
+        let (stream, end) = connect(connector, listener, peer).await;
+        connector.release_stream(stream, peer.reuse_hash(), idle_timeout);
+        end
+    }
+
     fn tasks() -> usize {
         tokio::runtime::Handle::current()
             .metrics()
@@ -263,8 +276,7 @@ mod tests {
     async fn a_connection_its_peer_closes_is_closed_by_the_sweep() {
         let connector = TransportConnector::new(None);
         let (listener, peer) = upstream().await;
-        let (stream, mut end) = connect(&connector, &listener, &peer).await;
-        connector.release_stream(stream, peer.reuse_hash(), None);
+        let mut end = released(&connector, &listener, &peer, None).await;
         // The upstream closes its side of the idle connection; the sweeping task closes ours.
         end.shutdown().await.unwrap();
         assert!(closed_within(&mut end, 3 * SWEEP_INTERVAL).await);
@@ -279,8 +291,7 @@ mod tests {
         let idle_timeout = Duration::from_millis(100);
 
         // Asked for after its timeout, before a sweep came: not reused, and closed.
-        let (stream, mut end) = connect(&connector, &listener, &peer).await;
-        connector.release_stream(stream, peer.reuse_hash(), Some(idle_timeout));
+        let mut end = released(&connector, &listener, &peer, Some(idle_timeout)).await;
         tokio::time::sleep(2 * idle_timeout).await;
         assert!(connector.reused_stream(&peer).await.is_none());
         assert!(closed_within(&mut end, Duration::from_millis(100)).await);
@@ -298,8 +309,7 @@ mod tests {
     async fn a_connection_with_unexpected_data_is_closed_by_the_sweep() {
         let connector = TransportConnector::new(None);
         let (listener, peer) = upstream().await;
-        let (stream, mut end) = connect(&connector, &listener, &peer).await;
-        connector.release_stream(stream, peer.reuse_hash(), None);
+        let mut end = released(&connector, &listener, &peer, None).await;
         end.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
         assert!(closed_within(&mut end, 3 * SWEEP_INTERVAL).await);
         assert_eq!(
