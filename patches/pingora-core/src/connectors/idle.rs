@@ -58,7 +58,11 @@ impl PooledStream {
 
     /// Whether the idle timeout has passed (the clock is read only when there is one).
     pub(crate) fn expired(&self) -> bool {
-        self.deadline.is_some_and(|d| Instant::now() >= d)
+        self.deadline.is_some() && self.expired_at(Instant::now())
+    }
+
+    fn expired_at(&self, now: Instant) -> bool {
+        self.deadline.is_some_and(|d| now >= d)
     }
 }
 
@@ -116,6 +120,7 @@ impl IdleWatch {
     /// closed or reset by its peer, or holding unexpected data. Returns how many it closed.
     pub(crate) fn sweep(&self, pool: &Pool, unexpected_data_conn_count: &AtomicU64) -> usize {
         let mut closing = Vec::new();
+        let now = Instant::now();
         self.released.lock().retain(|_, w| {
             let Some(conn) = w.conn.upgrade() else {
                 return false; // no longer in the pool
@@ -123,7 +128,8 @@ impl IdleWatch {
             let Ok(mut idle) = conn.try_lock() else {
                 return true; // being taken for reuse, which tests it itself
             };
-            if idle.expired() || !test_reusable_stream(&mut idle.stream, unexpected_data_conn_count)
+            if idle.expired_at(now)
+                || !test_reusable_stream(&mut idle.stream, unexpected_data_conn_count)
             {
                 closing.push(w.meta.clone());
                 return false;
