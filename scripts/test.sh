@@ -10,8 +10,8 @@ trap 'rm -f "$log"' EXIT
 set +e
 cargo test --all-targets --locked --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
-# The patched Pingora crate's own tests (patches/README.md), with the same lock file.
-cargo test -p pingora-http --locked --no-fail-fast 2>&1 | tee -a "$log"
+# The patched Pingora crates' own tests (patches/README.md), with the same lock file.
+cargo test -p pingora-http -p pingora-pool --locked --no-fail-fast 2>&1 | tee -a "$log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 set -e
 # The image build and its smoke test take about ten minutes from cold, which would push CI

@@ -83,8 +83,9 @@ pub(crate) type Pool = ConnectionPool<Pooled>;
 /// The connections released to one pool, for its sweeping task.
 #[derive(Default)]
 pub(crate) struct IdleWatch {
-    /// By connection id: a connection released again replaces its own entry.
-    released: SyncMutex<HashMap<UniqueIDType, Watched>>,
+    /// By connection id: a connection released again replaces its own entry. Hashed with
+    /// aHash, not SipHash: ids are file descriptors, not chosen by a client.
+    released: SyncMutex<HashMap<UniqueIDType, Watched, ahash::RandomState>>,
     /// Whether the sweeping task runs.
     sweeping: AtomicBool,
 }

@@ -333,10 +333,10 @@ impl TransportConnector {
         debug!("Try to keepalive client session");
         let stream = Arc::new(Mutex::new(PooledStream::new(stream, idle_timeout)));
         let Some(keepalive_pool_callback) = self.keepalive_pool_callback.clone() else {
-            // Watched by the pool's one sweeping task, with the others (see `idle`); the
-            // pool's signals of reuse and eviction have no listener.
+            // Watched by the pool's one sweeping task, with the others (see `idle`): the
+            // pool makes no signals of reuse and eviction, which would have no listener.
             let watched = Arc::downgrade(&stream);
-            let _ = self.connection_pool.put(&meta, stream);
+            self.connection_pool.put_unwatched(&meta, stream);
             self.idle.watch(
                 &self.connection_pool,
                 meta,
