@@ -1550,23 +1550,19 @@ impl SubrequestSpawner {
     }
 }
 
-#[async_trait]
-impl<SV, C> HttpServerApp for HttpProxy<SV, C>
+impl<SV, C> HttpProxy<SV, C>
 where
     SV: ProxyHttp + Send + Sync + 'static,
     <SV as ProxyHttp>::CTX: Send + Sync,
     C: custom::Connector,
 {
-    async fn process_new_http(
+    /// [`HttpServerApp::process_new_http`] once its session is boxed.
+    async fn process_boxed_http(
         self: &Arc<Self>,
-        mut session: HttpSession,
+        session: Box<HttpSession>,
+        prev_user_ctx: Option<Box<dyn std::any::Any + Send + Sync>>,
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
-        // Extract user context from the previous request before the session is moved into the Box
-        let prev_user_ctx = session.take_connection_user_context();
-
-        let session = Box::new(session);
-
         // TODO: keepalive pool, use stack
         let mut session = match self.handle_new_request(session).await {
             Some(downstream_session) => Session::new(
@@ -1593,6 +1589,37 @@ where
         }
 
         self.process_request(session, ctx).await
+    }
+}
+
+#[async_trait]
+impl<SV, C> HttpServerApp for HttpProxy<SV, C>
+where
+    SV: ProxyHttp + Send + Sync + 'static,
+    <SV as ProxyHttp>::CTX: Send + Sync,
+    C: custom::Connector,
+{
+    // Not an `async fn`: the session is boxed before the request's future is made, so that
+    // future starts out holding four pointers and is written straight into the box
+    // `async_trait` puts it in. As an `async fn` its first state held the session itself
+    // (680 bytes), and the whole future (8.7 KB, its later states included) was built on the
+    // stack and copied into the box, for every request.
+    fn process_new_http<'life0, 'life1, 'async_trait>(
+        self: &'life0 Arc<Self>,
+        mut session: HttpSession,
+        shutdown: &'life1 ShutdownWatch,
+    ) -> BoxFuture<'async_trait, Option<ReusedHttpStream>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        // Extract user context from the previous request before the session is moved into the Box
+        let prev_user_ctx = session.take_connection_user_context();
+
+        let session = Box::new(session);
+
+        Box::pin(self.process_boxed_http(session, prev_user_ctx, shutdown))
     }
 
     async fn http_cleanup(&self) {
