@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use async_trait::async_trait;
 use http::Response;
 use pingora_core::apps::http_app::ServeHttp;
+use pingora_core::modules::http::HttpModules;
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::server::configuration::ServerConf;
 use pingora_core::server::Server;
@@ -40,6 +41,10 @@ impl ProxyHttp for Bare {
     type CTX = ();
 
     fn new_ctx(&self) {}
+
+    /// As tollgate: no downstream modules (Pingora's default is a compression module,
+    /// switched off).
+    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
         Ok(Box::new(match &self.timeouts {

@@ -278,10 +278,12 @@ async fn upstream_status_codes_and_bodies_pass_through() {
         let r = get(
             &c,
             &gw.url(&format!("/status/{status}?x=1")),
-            &[("x-demo-status", &s)],
+            &[("x-demo-status", &s), ("accept-encoding", "gzip, br")],
         )
         .await;
         assert_eq!(r.status.as_u16(), status);
+        // Passed as the upstream sent it, whatever the client accepts: never compressed.
+        assert_eq!(r.headers.get("content-encoding"), None, "{status}");
         // The upstream's own body and content type, not a gateway problem document.
         assert_eq!(r.header("content-type"), "application/json");
         assert_eq!(r.header("cache-control"), "no-store");
