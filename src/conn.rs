@@ -56,6 +56,10 @@ const IDLE: u8 = 3;
 /// Closed by the gateway: reads see the end of the stream.
 const KILLED: u8 = 4;
 
+/// `deadline_ms` of a head that has started on a reused connection and has no deadline yet:
+/// the next read of it sets one ([`ConnState::head_started`]).
+const DEADLINE_UNSET: u64 = u64::MAX;
+
 fn in_flight(phase: u8) -> bool {
     phase == HEAD || phase == BUSY
 }
@@ -285,13 +289,14 @@ impl ConnState {
         killed
     }
 
-    /// The first byte of a head arrived: the head's deadline starts (for a fresh connection
-    /// it started at accept).
+    /// The first bytes of a head arrived. On a fresh connection its deadline started at
+    /// accept. On a reused one it starts at the next read of the head, which follows at once
+    /// when the head is not whole, so the deadline is later only by the time taken to parse
+    /// what came. A head that arrives whole, nearly every one, is read without a clock read.
     fn head_started(&self) {
         let from = self.phase.load(Ordering::Acquire);
         if from == IDLE {
-            let d = self.table.now_ms() + self.table.header_timeout.as_millis() as u64;
-            self.deadline_ms.store(d, Ordering::Release);
+            self.deadline_ms.store(DEADLINE_UNSET, Ordering::Release);
         }
         let moved = (from == IDLE || from == FRESH)
             && self
@@ -506,7 +511,12 @@ impl AsyncRead for Tracked {
         }
         // A head is arriving: its deadline holds on every read, so that a client that trickles
         // it byte by byte is cut off too.
-        let deadline = this.state.deadline_ms.load(Ordering::Acquire);
+        let mut deadline = this.state.deadline_ms.load(Ordering::Acquire);
+        if deadline == DEADLINE_UNSET {
+            let table = &this.state.table;
+            deadline = table.now_ms() + table.header_timeout.as_millis() as u64;
+            this.state.deadline_ms.store(deadline, Ordering::Release);
+        }
         if deadline != 0 && this.deadline_passed(cx, deadline) {
             let stats = &this.state.table.stats;
             stats.head_timeouts.fetch_add(1, Ordering::Relaxed);
