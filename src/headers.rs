@@ -66,36 +66,39 @@ pub fn apply(
     resp: &mut ResponseHeader,
 ) {
     let limit = cfg.limit(id);
+    let rate = spec.unwrap_or_else(|| limit.rate());
     let t = seconds(d);
     // The values that change with each decision are written into one buffer and handed out
-    // as slices of it: one allocation, not one per header.
-    let mut values = Values::new(limit.name.len() + 64);
-    let ratelimit = values.push(|b| {
-        b.push(b'"');
-        b.extend_from_slice(limit.name.as_bytes());
-        b.extend_from_slice(b"\";r=");
-        push_u64(b, d.remaining);
-        b.extend_from_slice(b";t=");
-        push_u64(b, t);
-    });
-    let x_limit = values.number(d.limit);
+    // as slices of it: one allocation, not one per header. `X-RateLimit-Remaining` and
+    // `Retry-After` are the digits of `r` and `t` in the `RateLimit` item.
+    let mut values = Values::new(limit.name.len() + 48);
+    values.extend(b"\"");
+    values.extend(limit.name.as_bytes());
+    values.extend(b"\";r=");
     let x_remaining = values.number(d.remaining);
+    values.extend(b";t=");
+    let retry_after = values.number(t);
+    let ratelimit = 0..values.0.len();
     let ms = if d.allowed {
         d.reset_after_ms
     } else {
         d.retry_after_ms
     };
     let x_reset = values.number((now_ms + ms).div_ceil(1000));
-    let retry_after = values.number(t);
     let values = values.done();
 
     if cfg.headers.ietf {
-        let policy = spec.unwrap_or_else(|| limit.rate()).policy_header.clone();
-        let _ = resp.insert_header(&RATELIMIT_POLICY, policy);
+        let _ = resp.insert_header(&RATELIMIT_POLICY, rate.policy_header.clone());
         insert(resp, &RATELIMIT, &values, ratelimit);
     }
     if cfg.headers.legacy {
-        insert(resp, &X_LIMIT, &values, x_limit);
+        // The limit's own, built with the config, unless the decision was made on another
+        // quota (the local fallback's).
+        if d.limit == rate.quota.limit {
+            let _ = resp.insert_header(&X_LIMIT, rate.limit_header.clone());
+        } else {
+            let _ = resp.insert_header(&X_LIMIT, HeaderValue::from(d.limit));
+        }
         insert(resp, &X_REMAINING, &values, x_remaining);
         insert(resp, &X_RESET, &values, x_reset);
     }
@@ -116,15 +119,15 @@ impl Values {
         Values(Vec::with_capacity(capacity))
     }
 
-    /// Append a value written by `write`; its range in the buffer.
-    fn push(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> Range<usize> {
-        let start = self.0.len();
-        write(&mut self.0);
-        start..self.0.len()
+    fn extend(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
     }
 
+    /// Append `n` in decimal; its range in the buffer.
     fn number(&mut self, n: u64) -> Range<usize> {
-        self.push(|b| push_u64(b, n))
+        let start = self.0.len();
+        push_u64(&mut self.0, n);
+        start..self.0.len()
     }
 
     fn done(self) -> Bytes {
@@ -190,6 +193,25 @@ mod tests {
                     OnError::Local.degraded_header()
                 )
             );
+        }
+    }
+
+    #[test]
+    fn the_limit_header_is_the_decisions_when_another_quota_decided() {
+        let yaml = "upstreams: { backend: [\"127.0.0.1:9\"] }\n\
+                    routes: [ { name: r, match: { path_prefix: / }, upstream: backend } ]\n\
+                    limits: [ { name: per-ip, key: [client_ip], limit: 100, window: 1m } ]\n";
+        let cfg = from_yaml("t.yaml", yaml, &Overrides::default()).expect("valid");
+        // The limit's own quota (the header built with the config), and the local fallback's
+        // share of it (written for this decision).
+        for (limit, remaining) in [(100, 47), (25, 7)] {
+            let mut resp = ResponseHeader::build(200, None).expect("status");
+            let d = Decision::allow(limit, remaining, 1_000);
+            apply(&cfg, 0, None, &d, 0, &mut resp);
+            let header = |name: &str| resp.headers.get(name).expect(name).to_str().expect("ascii");
+            assert_eq!(header("x-ratelimit-limit"), limit.to_string());
+            assert_eq!(header("x-ratelimit-remaining"), remaining.to_string());
+            assert_eq!(header("ratelimit"), format!("\"per-ip\";r={remaining};t=1"));
         }
     }
 

@@ -148,6 +148,8 @@ pub struct RateSpec {
     pub local_quota: Quota,
     /// Pre-built `RateLimit-Policy` item: `"name";q=100;w=60`.
     pub policy_header: HeaderValue,
+    /// Pre-built `X-RateLimit-Limit` value: the limit, `100`.
+    pub limit_header: HeaderValue,
     /// The window as written in the file (`1m`), for problem details.
     pub window_label: String,
     /// The constant parts of this limit's 429 body.
@@ -234,6 +236,7 @@ fn rate_spec(
         local_quota,
         // A name that is not a valid header value is reported by validation.
         policy_header: HeaderValue::from_str(&policy).unwrap_or(HeaderValue::from_static("")),
+        limit_header: HeaderValue::from(limit),
         refusal_body: RateLimitedBody::new(name, limit, &window_label, window_ms),
         window_label,
     }
