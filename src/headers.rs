@@ -155,6 +155,14 @@ mod tests {
 
     use crate::config::{from_yaml, Overrides};
 
+    /// One limit, `per-ip`: 100 a minute.
+    fn per_ip_config() -> Config {
+        let yaml = "upstreams: { backend: [\"127.0.0.1:9\"] }\n\
+                    routes: [ { name: r, match: { path_prefix: / }, upstream: backend } ]\n\
+                    limits: [ { name: per-ip, key: [client_ip], limit: 100, window: 1m } ]\n";
+        from_yaml("t.yaml", yaml, &Overrides::default()).expect("valid")
+    }
+
     fn wire(resp: &ResponseHeader) -> String {
         let mut out = vec![];
         resp.header_to_h1_wire(&mut out);
@@ -163,10 +171,7 @@ mod tests {
 
     #[test]
     fn every_header_of_an_answer_and_of_a_refusal_exactly() {
-        let yaml = "upstreams: { backend: [\"127.0.0.1:9\"] }\n\
-                    routes: [ { name: r, match: { path_prefix: / }, upstream: backend } ]\n\
-                    limits: [ { name: per-ip, key: [client_ip], limit: 100, window: 1m } ]\n";
-        let cfg = from_yaml("t.yaml", yaml, &Overrides::default()).expect("valid");
+        let cfg = per_ip_config();
         let allow = Decision::allow(100, 47, 41_001);
         let deny = Decision::deny(100, 0, 60_000, 2_500);
         for (d, tail) in [
@@ -198,10 +203,7 @@ mod tests {
 
     #[test]
     fn the_limit_header_is_the_decisions_when_another_quota_decided() {
-        let yaml = "upstreams: { backend: [\"127.0.0.1:9\"] }\n\
-                    routes: [ { name: r, match: { path_prefix: / }, upstream: backend } ]\n\
-                    limits: [ { name: per-ip, key: [client_ip], limit: 100, window: 1m } ]\n";
-        let cfg = from_yaml("t.yaml", yaml, &Overrides::default()).expect("valid");
+        let cfg = per_ip_config();
         // The limit's own quota (the header built with the config), and the local fallback's
         // share of it (written for this decision).
         for (limit, remaining) in [(100, 47), (25, 7)] {

@@ -1134,34 +1134,12 @@ mod tests {
 
     #[test]
     fn test_concurrent_empty_node_removal_does_not_orphan_put() {
-        // remove_empty_nodes() racing put() and get() on one key never loses a connection.
-        const KEY: GroupKey = 101;
-        let cp = Arc::new(ConnectionPool::new(2_000));
-        let start = Arc::new(std::sync::Barrier::new(2));
-
-        let cleanup_cp = cp.clone();
-        let cleanup_start = start.clone();
-        let cleanup = std::thread::spawn(move || {
-            cleanup_start.wait();
-            for _ in 0..10_000 {
-                cleanup_cp.remove_empty_nodes();
-                std::thread::yield_now();
-            }
-        });
-
-        start.wait();
-        for id in 1..=1_000 {
-            let value = format!("v{id}");
-            cp.put_unwatched(&ConnectionMeta::new(KEY, id), value.clone());
-            assert_eq!(
-                cp.get(&KEY),
-                Some(value),
-                "put connection should remain reachable during empty-node removal"
-            );
-            std::thread::yield_now();
-        }
-
-        cleanup.join().unwrap();
+        // remove_empty_nodes() racing put_unwatched() and get() on one key never loses a
+        // connection.
+        race_cleanup_with_put_and_get(
+            |cp, _| cp.remove_empty_nodes(),
+            |cp, meta, value| cp.put_unwatched(meta, value),
+        );
     }
 
     #[tokio::test]
@@ -1260,6 +1238,20 @@ mod tests {
 
     #[test]
     fn test_concurrent_empty_node_cleanup_does_not_orphan_put() {
+        race_cleanup_with_put_and_get(
+            |cp, key| cp.try_remove_empty_node(key),
+            |cp, meta, value| {
+                cp.put(meta, value);
+            },
+        );
+    }
+
+    /// `cleanup` in a loop on one thread while this one puts (with `put`) and gets 1,000
+    /// connections on one key: every connection put is found.
+    fn race_cleanup_with_put_and_get(
+        cleanup: fn(&ConnectionPool<String>, GroupKey),
+        put: fn(&ConnectionPool<String>, &ConnectionMeta, String),
+    ) {
         const KEY: GroupKey = 101;
         let cp = Arc::new(ConnectionPool::new(2_000));
         let start = Arc::new(std::sync::Barrier::new(2));
@@ -1269,7 +1261,7 @@ mod tests {
         let cleanup = std::thread::spawn(move || {
             cleanup_start.wait();
             for _ in 0..10_000 {
-                cleanup_cp.try_remove_empty_node(KEY);
+                cleanup(&cleanup_cp, KEY);
                 std::thread::yield_now();
             }
         });
@@ -1277,7 +1269,7 @@ mod tests {
         start.wait();
         for id in 1..=1_000 {
             let value = format!("v{id}");
-            cp.put(&ConnectionMeta::new(KEY, id), value.clone());
+            put(&cp, &ConnectionMeta::new(KEY, id), value.clone());
             assert_eq!(
                 cp.get(&KEY),
                 Some(value),
