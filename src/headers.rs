@@ -94,11 +94,12 @@ pub fn apply(
     if cfg.headers.legacy {
         // The limit's own, built with the config, unless the decision was made on another
         // quota (the local fallback's).
-        if d.limit == rate.quota.limit {
-            let _ = resp.insert_header(&X_LIMIT, rate.limit_header.clone());
+        let x_limit = if d.limit == rate.quota.limit {
+            rate.limit_header.clone()
         } else {
-            let _ = resp.insert_header(&X_LIMIT, HeaderValue::from(d.limit));
-        }
+            HeaderValue::from(d.limit)
+        };
+        let _ = resp.insert_header(&X_LIMIT, x_limit);
         insert(resp, &X_REMAINING, &values, x_remaining);
         insert(resp, &X_RESET, &values, x_reset);
     }

@@ -1145,6 +1145,45 @@ impl<SV, C> HttpProxy<SV, C>
 where
     C: custom::Connector,
 {
+    /// [`HttpServerApp::process_new_http`] once its session is boxed.
+    async fn process_boxed_http(
+        self: &Arc<Self>,
+        session: Box<HttpSession>,
+        prev_user_ctx: Option<Box<dyn std::any::Any + Send + Sync>>,
+        shutdown: &ShutdownWatch,
+    ) -> Option<ReusedHttpStream>
+    where
+        SV: ProxyHttp + Send + Sync + 'static,
+        <SV as ProxyHttp>::CTX: Send + Sync,
+    {
+        // TODO: keepalive pool, use stack
+        let mut session = match self.handle_new_request(session).await {
+            Some(downstream_session) => Session::new(
+                downstream_session,
+                &self.downstream_modules,
+                #[cfg(feature = "upstream_modules")]
+                &self.upstream_modules,
+                self.shutdown_flag.clone(),
+            ),
+            None => return None, // bad request
+        };
+
+        if *shutdown.borrow() {
+            // stop downstream from reusing if this service is shutting down soon
+            session.set_keepalive(None);
+        }
+
+        let mut ctx = self.inner.new_ctx();
+
+        // Deliver user context from the previous request on this reused connection
+        if let Some(prev_ctx) = prev_user_ctx {
+            self.inner
+                .on_connection_reuse(&mut session, &mut ctx, prev_ctx);
+        }
+
+        self.process_request(session, ctx).await
+    }
+
     async fn process_request(
         self: &Arc<Self>,
         mut session: Session,
@@ -1547,48 +1586,6 @@ impl SubrequestSpawner {
             },
             handle,
         )
-    }
-}
-
-impl<SV, C> HttpProxy<SV, C>
-where
-    SV: ProxyHttp + Send + Sync + 'static,
-    <SV as ProxyHttp>::CTX: Send + Sync,
-    C: custom::Connector,
-{
-    /// [`HttpServerApp::process_new_http`] once its session is boxed.
-    async fn process_boxed_http(
-        self: &Arc<Self>,
-        session: Box<HttpSession>,
-        prev_user_ctx: Option<Box<dyn std::any::Any + Send + Sync>>,
-        shutdown: &ShutdownWatch,
-    ) -> Option<ReusedHttpStream> {
-        // TODO: keepalive pool, use stack
-        let mut session = match self.handle_new_request(session).await {
-            Some(downstream_session) => Session::new(
-                downstream_session,
-                &self.downstream_modules,
-                #[cfg(feature = "upstream_modules")]
-                &self.upstream_modules,
-                self.shutdown_flag.clone(),
-            ),
-            None => return None, // bad request
-        };
-
-        if *shutdown.borrow() {
-            // stop downstream from reusing if this service is shutting down soon
-            session.set_keepalive(None);
-        }
-
-        let mut ctx = self.inner.new_ctx();
-
-        // Deliver user context from the previous request on this reused connection
-        if let Some(prev_ctx) = prev_user_ctx {
-            self.inner
-                .on_connection_reuse(&mut session, &mut ctx, prev_ctx);
-        }
-
-        self.process_request(session, ctx).await
     }
 }
 
