@@ -1060,25 +1060,43 @@ fn normalize_field_value(raw: bytes::Bytes) -> bytes::Bytes {
 
 #[inline]
 fn header_to_h1_wire(key_map: Option<&CaseMap>, value_map: &HMap, buf: &mut impl BufMut) {
-    const CRLF: &[u8; 2] = b"\r\n";
-    const HEADER_KV_DELIMITER: &[u8; 2] = b": ";
-
     if let Some(key_map) = key_map {
         case_header_iter(key_map.into(), value_map).for_each(|(case_header, val)| {
-            buf.put_slice(case_header.as_slice());
-            buf.put_slice(HEADER_KV_DELIMITER);
-            buf.put_slice(val.as_ref());
-            buf.put_slice(CRLF);
+            put_header_line(buf, case_header.as_slice(), val.as_ref());
         });
     } else {
         for (header, value) in value_map {
             let titled_header =
                 case_header_name::titled_header_name_str(header).unwrap_or(header.as_str());
-            buf.put_slice(titled_header.as_bytes());
-            buf.put_slice(HEADER_KV_DELIMITER);
-            buf.put_slice(value.as_ref());
-            buf.put_slice(CRLF);
+            put_header_line(buf, titled_header.as_bytes(), value.as_ref());
         }
+    }
+}
+
+/// Write the header line `name: value\r\n` to `buf`. When the buffer's current chunk has room
+/// for the whole line (a head's buffer is made with room for a typical head), the line is
+/// written there after one bounds check, its two fixed pieces as plain stores; otherwise piece
+/// by piece, as [`BufMut::put_slice`] grows the buffer.
+#[inline]
+fn put_header_line(buf: &mut impl BufMut, name: &[u8], value: &[u8]) {
+    const CRLF: &[u8; 2] = b"\r\n";
+    const HEADER_KV_DELIMITER: &[u8; 2] = b": ";
+
+    let (n, v) = (name.len(), value.len());
+    let len = n + v + 4;
+    let dst = buf.chunk_mut();
+    if dst.len() >= len {
+        dst[..n].copy_from_slice(name);
+        dst[n..n + 2].copy_from_slice(HEADER_KV_DELIMITER);
+        dst[n + 2..n + 2 + v].copy_from_slice(value);
+        dst[n + 2 + v..len].copy_from_slice(CRLF);
+        // SAFETY: the first `len` bytes of the chunk were written just above.
+        unsafe { buf.advance_mut(len) };
+    } else {
+        buf.put_slice(name);
+        buf.put_slice(HEADER_KV_DELIMITER);
+        buf.put_slice(value);
+        buf.put_slice(CRLF);
     }
 }
 
@@ -1102,6 +1120,7 @@ fn case_header_iter<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::BytesMut;
 
     #[test]
     fn reserve_keeps_both_maps_from_growing() {
@@ -1150,6 +1169,33 @@ mod tests {
 
         // an absurd reservation is bounded, not a panic
         req.reserve(usize::MAX);
+    }
+
+    /// A line is written whole where the buffer has room for it and piece by piece where it
+    /// has not: the same bytes either way, with and without a case map.
+    #[test]
+    fn header_lines_are_the_same_whatever_room_the_buffer_has() {
+        let long = "v".repeat(100);
+        for case in [true, false] {
+            let mut resp = if case {
+                ResponseHeader::build(200, None).unwrap()
+            } else {
+                ResponseHeader::build_no_case(200, None).unwrap()
+            };
+            resp.append_header("Server", "x").unwrap();
+            resp.append_header("X-Long", long.as_str()).unwrap();
+            resp.append_header("Content-Length", "0").unwrap();
+            let name = if case { "X-Long" } else { "x-long" };
+            let expected = format!("Server: x\r\n{name}: {long}\r\nContent-Length: 0\r\n");
+            for capacity in [0, 8, 13, 30, 4096] {
+                let mut wire = BytesMut::with_capacity(capacity);
+                resp.header_to_h1_wire(&mut wire);
+                assert_eq!(std::str::from_utf8(&wire).unwrap(), expected, "{capacity}");
+            }
+            let mut wire = vec![];
+            resp.header_to_h1_wire(&mut wire);
+            assert_eq!(std::str::from_utf8(&wire).unwrap(), expected);
+        }
     }
 
     #[test]
