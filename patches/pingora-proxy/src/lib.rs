@@ -2607,6 +2607,46 @@ mod tests {
         }
     }
 
+    /// The default filters are ready at once with their documented answers, and their futures
+    /// have no size: boxing them allocates nothing.
+    #[tokio::test]
+    async fn default_filters_answer_at_once_from_futures_of_no_size() {
+        use std::mem::size_of_val;
+        let proxy = NoopProxy;
+        let mut session = new_request_session(
+            b"GET / HTTP/1.1\r\nHost: example.com\r\n\r\n",
+            Arc::new(Mutex::new(Vec::new())),
+        )
+        .await;
+        let s = &mut session;
+        let mut request = RequestHeader::build("GET", b"/", None).unwrap();
+        let mut response = ResponseHeader::build(200, None).unwrap();
+        let mut trailers = header::HeaderMap::new();
+        let peer = HttpPeer::new("127.0.0.1:80", false, String::new());
+        let mut body = None;
+        let mut ctx = ();
+
+        macro_rules! check {
+            ($call:expr, $answer:pat) => {{
+                let future = $call;
+                assert_eq!(size_of_val(&*future), 0, "{}", stringify!($call));
+                assert!(matches!(future.await, $answer), "{}", stringify!($call));
+            }};
+        }
+        check!(proxy.early_request_filter(s, &mut ctx), Ok(()));
+        check!(proxy.request_filter(s, &mut ctx), Ok(false));
+        check!(proxy.request_body_filter(s, &mut body, true, &mut ctx), Ok(()));
+        check!(proxy.proxy_upstream_filter(s, &mut ctx), Ok(true));
+        check!(proxy.upstream_request_filter(s, &mut request, &mut ctx), Ok(()));
+        check!(proxy.connected_to_upstream(s, false, &peer, 0, None, &mut ctx), Ok(()));
+        #[cfg(feature = "upstream_modules")]
+        check!(proxy.adjust_upstream_modules(s, &response, false, &mut ctx), Ok(()));
+        check!(proxy.upstream_response_filter(s, &mut response, &mut ctx), Ok(()));
+        check!(proxy.response_filter(s, &mut response, &mut ctx), Ok(()));
+        check!(proxy.response_trailer_filter(s, &mut trailers, &mut ctx), Ok(None));
+        check!(proxy.logging(s, None, &mut ctx), ());
+    }
+
     fn pending_session() -> Box<HttpSession> {
         let stream = L4Stream::from(VirtualSocketStream::new(Box::new(PendingVirtualSocket)));
         Box::new(HttpSession::new_http1(Box::new(stream)))

@@ -20,7 +20,23 @@ use pingora_cache::{
 };
 use proxy_cache::range_filter::{self};
 use std::any::Any;
+use std::pin::Pin;
+use std::task::Context;
 use std::time::Duration;
+
+/// The future of a filter that does nothing by default: ready at once with what `F` returns.
+/// `F` is a closure that captures nothing, so this future has no size, and the box each
+/// [`ProxyHttp`] method's future goes in (the trait is an `async_trait`) allocates nothing. An
+/// `async fn` default's future holds its arguments, and its box is an allocation per call.
+struct Immediate<F>(F);
+
+impl<T, F: Fn() -> T + Unpin> Future for Immediate<F> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<T> {
+        Poll::Ready((self.0)())
+    }
+}
 
 /// Context for proxy warning logs that can be suppressed by
 /// [`ProxyHttp::suppress_proxy_warn_log`].
@@ -99,11 +115,19 @@ pub trait ProxyHttp {
     /// the proxy would exit. The proxy continues to the next phases when `Ok(false)` is returned.
     ///
     /// By default this filter does nothing and returns `Ok(false)`.
-    async fn request_filter(&self, _session: &mut Session, _ctx: &mut Self::CTX) -> Result<bool>
+    fn request_filter<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        _session: &'life1 mut Session,
+        _ctx: &'life2 mut Self::CTX,
+    ) -> Pin<Box<dyn Future<Output = Result<bool>> + Send + 'async_trait>>
     where
         Self::CTX: Send + Sync,
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: Sync + 'async_trait,
     {
-        Ok(false)
+        Box::pin(Immediate(|| Ok(false)))
     }
 
     /// Handle the incoming request before any downstream module is executed.
@@ -115,11 +139,19 @@ pub trait ProxyHttp {
     /// Note that because this function is executed before any module that might provide access
     /// control or rate limiting, logic should stay in request_filter() if it can in order to be
     /// protected by said modules.
-    async fn early_request_filter(&self, _session: &mut Session, _ctx: &mut Self::CTX) -> Result<()>
+    fn early_request_filter<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        _session: &'life1 mut Session,
+        _ctx: &'life2 mut Self::CTX,
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'async_trait>>
     where
         Self::CTX: Send + Sync,
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: Sync + 'async_trait,
     {
-        Ok(())
+        Box::pin(Immediate(|| Ok(())))
     }
 
     /// Returns whether this session is allowed to spawn subrequests.
@@ -145,17 +177,22 @@ pub trait ProxyHttp {
     /// The async nature of this function allows to throttle the upload speed and/or executing
     /// heavy computation logic such as WAF rules on offloaded threads without blocking the threads
     /// who process the requests themselves.
-    async fn request_body_filter(
-        &self,
-        _session: &mut Session,
-        _body: &mut Option<Bytes>,
+    fn request_body_filter<'life0, 'life1, 'life2, 'life3, 'async_trait>(
+        &'life0 self,
+        _session: &'life1 mut Session,
+        _body: &'life2 mut Option<Bytes>,
         _end_of_stream: bool,
-        _ctx: &mut Self::CTX,
-    ) -> Result<()>
+        _ctx: &'life3 mut Self::CTX,
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'async_trait>>
     where
         Self::CTX: Send + Sync,
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        'life3: 'async_trait,
+        Self: Sync + 'async_trait,
     {
-        Ok(())
+        Box::pin(Immediate(|| Ok(())))
     }
 
     /// This filter decides if the request is cacheable and what cache backend to use
@@ -229,15 +266,19 @@ pub trait ProxyHttp {
     ///
     /// By default the session will attempt to be reused after returning Ok(false). It is the
     /// caller's responsibility to disable keepalive or drain the request body if needed.
-    async fn proxy_upstream_filter(
-        &self,
-        _session: &mut Session,
-        _ctx: &mut Self::CTX,
-    ) -> Result<bool>
+    fn proxy_upstream_filter<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        _session: &'life1 mut Session,
+        _ctx: &'life2 mut Self::CTX,
+    ) -> Pin<Box<dyn Future<Output = Result<bool>> + Send + 'async_trait>>
     where
         Self::CTX: Send + Sync,
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: Sync + 'async_trait,
     {
-        Ok(true)
+        Box::pin(Immediate(|| Ok(true)))
     }
 
     /// Decide if the response is cacheable
@@ -319,16 +360,21 @@ pub trait ProxyHttp {
     /// For an HTTP/1 upstream, if the downstream request has a non-empty body and this callback
     /// leaves neither `Content-Length` nor `Transfer-Encoding`, Pingora adds
     /// `Transfer-Encoding: chunked`.
-    async fn upstream_request_filter(
-        &self,
-        _session: &mut Session,
-        _upstream_request: &mut RequestHeader,
-        _ctx: &mut Self::CTX,
-    ) -> Result<()>
+    fn upstream_request_filter<'life0, 'life1, 'life2, 'life3, 'async_trait>(
+        &'life0 self,
+        _session: &'life1 mut Session,
+        _upstream_request: &'life2 mut RequestHeader,
+        _ctx: &'life3 mut Self::CTX,
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'async_trait>>
     where
         Self::CTX: Send + Sync,
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        'life3: 'async_trait,
+        Self: Sync + 'async_trait,
     {
-        Ok(())
+        Box::pin(Immediate(|| Ok(())))
     }
 
     /// Adjust upstream modules before they process the response header.
@@ -351,17 +397,22 @@ pub trait ProxyHttp {
     ///
     /// This filter requires the `upstream_modules` feature to be enabled.
     #[cfg(feature = "upstream_modules")]
-    async fn adjust_upstream_modules(
-        &self,
-        _session: &mut Session,
-        _upstream_response: &ResponseHeader,
+    fn adjust_upstream_modules<'life0, 'life1, 'life2, 'life3, 'async_trait>(
+        &'life0 self,
+        _session: &'life1 mut Session,
+        _upstream_response: &'life2 ResponseHeader,
         _end_of_stream: bool,
-        _ctx: &mut Self::CTX,
-    ) -> Result<()>
+        _ctx: &'life3 mut Self::CTX,
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'async_trait>>
     where
         Self::CTX: Send + Sync,
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        'life3: 'async_trait,
+        Self: Sync + 'async_trait,
     {
-        Ok(())
+        Box::pin(Immediate(|| Ok(())))
     }
 
     /// Modify the response header from the upstream
@@ -371,32 +422,42 @@ pub trait ProxyHttp {
     /// Responses served from cache won't trigger this filter. If the cache needed revalidation,
     /// only the 304 from upstream will trigger the filter (though it will be merged into the
     /// cached header, not served directly to downstream).
-    async fn upstream_response_filter(
-        &self,
-        _session: &mut Session,
-        _upstream_response: &mut ResponseHeader,
-        _ctx: &mut Self::CTX,
-    ) -> Result<()>
+    fn upstream_response_filter<'life0, 'life1, 'life2, 'life3, 'async_trait>(
+        &'life0 self,
+        _session: &'life1 mut Session,
+        _upstream_response: &'life2 mut ResponseHeader,
+        _ctx: &'life3 mut Self::CTX,
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'async_trait>>
     where
         Self::CTX: Send + Sync,
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        'life3: 'async_trait,
+        Self: Sync + 'async_trait,
     {
-        Ok(())
+        Box::pin(Immediate(|| Ok(())))
     }
 
     /// Modify the response header before it is send to the downstream
     ///
     /// The modification is after caching. This filter is called for all responses including
     /// responses served from cache.
-    async fn response_filter(
-        &self,
-        _session: &mut Session,
-        _upstream_response: &mut ResponseHeader,
-        _ctx: &mut Self::CTX,
-    ) -> Result<()>
+    fn response_filter<'life0, 'life1, 'life2, 'life3, 'async_trait>(
+        &'life0 self,
+        _session: &'life1 mut Session,
+        _upstream_response: &'life2 mut ResponseHeader,
+        _ctx: &'life3 mut Self::CTX,
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'async_trait>>
     where
         Self::CTX: Send + Sync,
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        'life3: 'async_trait,
+        Self: Sync + 'async_trait,
     {
-        Ok(())
+        Box::pin(Immediate(|| Ok(())))
     }
 
     // custom_forwarding is called when downstream and upstream connections are successfully established.
@@ -487,16 +548,21 @@ pub trait ProxyHttp {
     /// trailers being written to the response body.
     ///
     /// TODO: make this interface more intuitive
-    async fn response_trailer_filter(
-        &self,
-        _session: &mut Session,
-        _upstream_trailers: &mut header::HeaderMap,
-        _ctx: &mut Self::CTX,
-    ) -> Result<Option<Bytes>>
+    fn response_trailer_filter<'life0, 'life1, 'life2, 'life3, 'async_trait>(
+        &'life0 self,
+        _session: &'life1 mut Session,
+        _upstream_trailers: &'life2 mut header::HeaderMap,
+        _ctx: &'life3 mut Self::CTX,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<Bytes>>> + Send + 'async_trait>>
     where
         Self::CTX: Send + Sync,
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        'life3: 'async_trait,
+        Self: Sync + 'async_trait,
     {
-        Ok(None)
+        Box::pin(Immediate(|| Ok(None)))
     }
 
     /// This filter is called when the entire response is sent to the downstream successfully or
@@ -504,10 +570,21 @@ pub trait ProxyHttp {
     ///
     /// An error log is already emitted if there is any error. This phase is used for collecting
     /// metrics and sending access logs.
-    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, _ctx: &mut Self::CTX)
+    fn logging<'life0, 'life1, 'life2, 'life3, 'async_trait>(
+        &'life0 self,
+        _session: &'life1 mut Session,
+        _e: Option<&'life2 Error>,
+        _ctx: &'life3 mut Self::CTX,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'async_trait>>
     where
         Self::CTX: Send + Sync,
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        'life3: 'async_trait,
+        Self: Sync + 'async_trait,
     {
+        Box::pin(Immediate(|| ()))
     }
 
     /// Called after [`Self::logging`] when the downstream connection will be reused for another
@@ -692,20 +769,26 @@ pub trait ProxyHttp {
     /// This filter is called when the request just established or reused a connection to the upstream
     ///
     /// This filter allows user to log timing and connection related info.
-    async fn connected_to_upstream(
-        &self,
-        _session: &mut Session,
+    fn connected_to_upstream<'life0, 'life1, 'life2, 'life3, 'life4, 'async_trait>(
+        &'life0 self,
+        _session: &'life1 mut Session,
         _reused: bool,
-        _peer: &HttpPeer,
+        _peer: &'life2 HttpPeer,
         #[cfg(unix)] _fd: std::os::unix::io::RawFd,
         #[cfg(windows)] _sock: std::os::windows::io::RawSocket,
-        _digest: Option<&Digest>,
-        _ctx: &mut Self::CTX,
-    ) -> Result<()>
+        _digest: Option<&'life3 Digest>,
+        _ctx: &'life4 mut Self::CTX,
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'async_trait>>
     where
         Self::CTX: Send + Sync,
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        'life3: 'async_trait,
+        'life4: 'async_trait,
+        Self: Sync + 'async_trait,
     {
-        Ok(())
+        Box::pin(Immediate(|| Ok(())))
     }
 
     /// This callback is invoked every time request related error log needs to be generated
