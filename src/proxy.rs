@@ -8,11 +8,15 @@
 //! Phase: every request. One config snapshot is taken at the start and used to the end, so a
 //! reload never changes a request half-way.
 
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use pingora_core::modules::http::HttpModules;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
@@ -172,6 +176,103 @@ impl Gateway {
         log_report(cfg, &caller, &report);
         outcome
     }
+
+    /// `early_request_filter`'s work; see there.
+    fn on_head(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<()> {
+        // The one config snapshot this request runs on.
+        let cfg = self.config.snapshot();
+        ctx.obs = self.observer.begin(session, &cfg);
+        let conn = ConnState::of(session);
+        let tracked = conn.map(|conn| conn.busy()).is_some();
+        ctx.peer_text = conn.and_then(|conn| conn.peer().cloned());
+        session.set_pipelining_enabled(true);
+        // Only where Pingora keeps the connection (HTTP/1.1, or 1.0 asking for keep-alive);
+        // `Some(0)` would mean "forever".
+        let keepalive = session.get_keepalive();
+        if keepalive.is_some() {
+            let secs = cfg.http.keepalive_timeout.as_secs();
+            if self.lifecycle.draining() || secs == 0 {
+                session.set_keepalive(None);
+            } else if tracked {
+                // `conn` closes the connection once it has been idle `keepalive_timeout`, so
+                // Pingora keeps it without a timer of its own: `Some(secs)` would wrap every
+                // read of every head in a timeout (about 3% of a proxied request's
+                // instructions). Pingora has already said `Some(0)` for a keep-alive request
+                // (setting it again would read the request's `Connection` header again).
+                if keepalive != Some(0) {
+                    session.set_keepalive(Some(0));
+                }
+            } else {
+                session.set_keepalive(Some(secs));
+            }
+        }
+        ctx.config = Some(cfg);
+        Ok(())
+    }
+
+    /// `response_filter`'s work; see there.
+    fn on_response(
+        &self,
+        session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        ctx.obs.upstream_answered();
+        if self.lifecycle.draining() {
+            // Shutting down: this connection closes after the response.
+            session.set_keepalive(None);
+        }
+        let decisive = ctx.config.as_ref().zip(ctx.decisive.as_ref());
+        if let Some((cfg, (id, d))) = decisive.filter(|(cfg, _)| cfg.headers.on_admitted) {
+            upstream_response.reserve(headers::count(cfg, d, ctx.degraded.is_some()));
+            let spec = ctx.overrides.as_deref().and_then(|o| o.rate(*id));
+            headers::apply(
+                cfg,
+                *id,
+                spec.map(|s| &**s),
+                d,
+                ctx.decided_at,
+                upstream_response,
+            );
+        }
+        if let Some(policy) = ctx.degraded {
+            headers::degraded(upstream_response, policy);
+        }
+        Ok(())
+    }
+
+    /// `request_body_filter`'s work; see there.
+    fn on_body(body: Option<&Bytes>, ctx: &mut RequestCtx) -> Result<()> {
+        if let (Some(max), Some(b)) = (ctx.max_body, body) {
+            ctx.body_bytes += b.len() as u64;
+            if ctx.body_bytes > max {
+                return Error::e_explain(
+                    ErrorType::HTTPStatus(413),
+                    "the request body is larger than max_body_bytes",
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// `logging`'s work; see there.
+    fn on_end(&self, session: &mut Session, ctx: &mut RequestCtx) {
+        ctx.slots = None;
+        ctx.in_flight = None;
+        // One clock read for both: the connection's idle deadline and the request's time.
+        let now = std::time::Instant::now();
+        if let Some(conn) = ConnState::of(session) {
+            let keepalive = ctx
+                .config
+                .as_ref()
+                .map_or(crate::config::defaults::KEEPALIVE_TIMEOUT, |c| {
+                    c.http.keepalive_timeout
+                });
+            conn.idle(keepalive, now);
+        }
+        self.observer
+            .finish(session, ctx.config.as_ref(), ctx.route, &ctx.obs, now);
+    }
 }
 
 /// The declared body length (Pingora has already refused conflicting or repeated ones).
@@ -286,40 +387,18 @@ impl ProxyHttp for Gateway {
     /// The head has been read: the connection is busy (no head deadline while the request
     /// runs), keep-alive follows `server.keepalive_timeout` whatever the client asked, and
     /// pipelined requests are served in order.
-    async fn early_request_filter(
-        &self,
-        session: &mut Session,
-        ctx: &mut Box<RequestCtx>,
-    ) -> Result<()> {
-        // The one config snapshot this request runs on.
-        let cfg = self.config.snapshot();
-        ctx.obs = self.observer.begin(session, &cfg);
-        let conn = ConnState::of(session);
-        let tracked = conn.map(|conn| conn.busy()).is_some();
-        ctx.peer_text = conn.and_then(|conn| conn.peer().cloned());
-        session.set_pipelining_enabled(true);
-        // Only where Pingora keeps the connection (HTTP/1.1, or 1.0 asking for keep-alive);
-        // `Some(0)` would mean "forever".
-        let keepalive = session.get_keepalive();
-        if keepalive.is_some() {
-            let secs = cfg.http.keepalive_timeout.as_secs();
-            if self.lifecycle.draining() || secs == 0 {
-                session.set_keepalive(None);
-            } else if tracked {
-                // `conn` closes the connection once it has been idle `keepalive_timeout`, so
-                // Pingora keeps it without a timer of its own: `Some(secs)` would wrap every
-                // read of every head in a timeout (about 3% of a proxied request's
-                // instructions). Pingora has already said `Some(0)` for a keep-alive request
-                // (setting it again would read the request's `Connection` header again).
-                if keepalive != Some(0) {
-                    session.set_keepalive(Some(0));
-                }
-            } else {
-                session.set_keepalive(Some(secs));
-            }
-        }
-        ctx.config = Some(cfg);
-        Ok(())
+    fn early_request_filter<'a, 'b, 'c, 'async_trait>(
+        &'a self,
+        session: &'b mut Session,
+        ctx: &'c mut Box<RequestCtx>,
+    ) -> BoxFuture<'async_trait, Result<()>>
+    where
+        'a: 'async_trait,
+        'b: 'async_trait,
+        'c: 'async_trait,
+        Self: 'async_trait,
+    {
+        finished(self.on_head(session, ctx))
     }
 
     async fn request_filter(
@@ -371,55 +450,39 @@ impl ProxyHttp for Gateway {
         Ok(Box::new(peer(addr, &upstream.timeouts, keep_case)))
     }
 
-    async fn response_filter(
-        &self,
-        session: &mut Session,
-        upstream_response: &mut ResponseHeader,
-        ctx: &mut Box<RequestCtx>,
-    ) -> Result<()> {
-        ctx.obs.upstream_answered();
-        if self.lifecycle.draining() {
-            // Shutting down: this connection closes after the response.
-            session.set_keepalive(None);
-        }
-        let decisive = ctx.config.as_ref().zip(ctx.decisive.as_ref());
-        if let Some((cfg, (id, d))) = decisive.filter(|(cfg, _)| cfg.headers.on_admitted) {
-            upstream_response.reserve(headers::count(cfg, d, ctx.degraded.is_some()));
-            let spec = ctx.overrides.as_deref().and_then(|o| o.rate(*id));
-            headers::apply(
-                cfg,
-                *id,
-                spec.map(|s| &**s),
-                d,
-                ctx.decided_at,
-                upstream_response,
-            );
-        }
-        if let Some(policy) = ctx.degraded {
-            headers::degraded(upstream_response, policy);
-        }
-        Ok(())
+    fn response_filter<'a, 'b, 'c, 'd, 'async_trait>(
+        &'a self,
+        session: &'b mut Session,
+        upstream_response: &'c mut ResponseHeader,
+        ctx: &'d mut Box<RequestCtx>,
+    ) -> BoxFuture<'async_trait, Result<()>>
+    where
+        'a: 'async_trait,
+        'b: 'async_trait,
+        'c: 'async_trait,
+        'd: 'async_trait,
+        Self: 'async_trait,
+    {
+        finished(self.on_response(session, upstream_response, ctx))
     }
 
     /// A body sent without a length (chunked) is cut once it passes `max_body_bytes`: `413`
     /// if the upstream has not answered yet. The upstream may have seen part of it.
-    async fn request_body_filter(
-        &self,
-        _session: &mut Session,
-        body: &mut Option<Bytes>,
+    fn request_body_filter<'a, 'b, 'c, 'd, 'async_trait>(
+        &'a self,
+        _session: &'b mut Session,
+        body: &'c mut Option<Bytes>,
         _end_of_stream: bool,
-        ctx: &mut Box<RequestCtx>,
-    ) -> Result<()> {
-        if let (Some(max), Some(b)) = (ctx.max_body, body.as_ref()) {
-            ctx.body_bytes += b.len() as u64;
-            if ctx.body_bytes > max {
-                return Error::e_explain(
-                    ErrorType::HTTPStatus(413),
-                    "the request body is larger than max_body_bytes",
-                );
-            }
-        }
-        Ok(())
+        ctx: &'d mut Box<RequestCtx>,
+    ) -> BoxFuture<'async_trait, Result<()>>
+    where
+        'a: 'async_trait,
+        'b: 'async_trait,
+        'c: 'async_trait,
+        'd: 'async_trait,
+        Self: 'async_trait,
+    {
+        finished(Self::on_body(body.as_ref(), ctx))
     }
 
     /// The end of every request, answered or failed, including a client gone mid-request:
@@ -427,22 +490,21 @@ impl ProxyHttp for Gateway {
     /// same when the context drops; either way it happens exactly once. The connection now
     /// waits for its next head at most `server.keepalive_timeout`. Then its metrics and
     /// access-log line.
-    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Box<RequestCtx>) {
-        ctx.slots = None;
-        ctx.in_flight = None;
-        // One clock read for both: the connection's idle deadline and the request's time.
-        let now = std::time::Instant::now();
-        if let Some(conn) = ConnState::of(session) {
-            let keepalive = ctx
-                .config
-                .as_ref()
-                .map_or(crate::config::defaults::KEEPALIVE_TIMEOUT, |c| {
-                    c.http.keepalive_timeout
-                });
-            conn.idle(keepalive, now);
-        }
-        self.observer
-            .finish(session, ctx.config.as_ref(), ctx.route, &ctx.obs, now);
+    fn logging<'a, 'b, 'c, 'd, 'async_trait>(
+        &'a self,
+        session: &'b mut Session,
+        _e: Option<&'c Error>,
+        ctx: &'d mut Box<RequestCtx>,
+    ) -> BoxFuture<'async_trait, ()>
+    where
+        'a: 'async_trait,
+        'b: 'async_trait,
+        'c: 'async_trait,
+        'd: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.on_end(session, ctx);
+        Box::pin(Immediate(|| ()))
     }
 
     /// A client that goes away mid-request (closed, reset, a failed read or write on its side)
@@ -500,5 +562,50 @@ impl ProxyHttp for Gateway {
             error_code: code,
             can_reuse_downstream: false,
         }
+    }
+}
+
+/// The future of a filter whose work was done when it was called (all of tollgate's but
+/// `request_filter` and `upstream_peer`), ready at once with what `F` returns. `F` is a
+/// closure that captures nothing, so this future has no size and the box `ProxyHttp`'s methods
+/// put their futures in (it is an `async_trait`) allocates nothing. An `async fn`'s future
+/// holds its arguments, an allocation per call.
+struct Immediate<F>(F);
+
+impl<T, F: Fn() -> T + Unpin> Future for Immediate<F> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<T> {
+        Poll::Ready((self.0)())
+    }
+}
+
+/// A filter's finished work as the future its method returns: of no size when it succeeded.
+fn finished(result: Result<()>) -> BoxFuture<'static, Result<()>> {
+    match result {
+        Ok(()) => Box::pin(Immediate(|| Ok(()))),
+        Err(e) => Box::pin(std::future::ready(Err(e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A filter that succeeded answers through a future of no size (its box allocates
+    /// nothing); one that failed hands its error on.
+    #[tokio::test]
+    async fn a_finished_filter_answers_at_once_and_allocates_only_to_fail() {
+        let ok = finished(Ok(()));
+        assert_eq!(std::mem::size_of_val(&*ok), 0);
+        assert!(ok.await.is_ok());
+        let failed = finished(Error::e_explain(ErrorType::HTTPStatus(413), "too large"));
+        assert_eq!(
+            failed.await.unwrap_err().etype(),
+            &ErrorType::HTTPStatus(413)
+        );
+        let nothing = Box::pin(Immediate(|| ()));
+        assert_eq!(std::mem::size_of_val(&*nothing), 0);
+        nothing.await;
     }
 }
