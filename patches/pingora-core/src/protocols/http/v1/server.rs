@@ -29,6 +29,7 @@ use pingora_timeout::timeout;
 use regex::bytes::Regex;
 use std::any::Any;
 use std::collections::VecDeque;
+use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -114,8 +115,9 @@ pub struct HttpSession {
     /// Whether this session is an upgraded session. This flag is calculated when sending the
     /// response header to the client.
     upgraded: bool,
-    /// Digest to track underlying connection metrics
-    digest: Box<Digest>,
+    /// Digest to track underlying connection metrics, made from the stream when first asked for
+    /// (a keep-alive connection makes a session per request, and most never ask)
+    digest: OnceLock<Digest>,
     /// Minimum send rate to the client
     min_send_rate: Option<usize>,
     /// When this is enabled informational response headers will not be proxied downstream
@@ -167,14 +169,6 @@ impl HttpSession {
     /// The created session needs to call [`Self::read_request()`] first before performing
     /// any other operations.
     pub fn new(underlying_stream: Stream) -> Self {
-        // TODO: maybe we should put digest in the connection itself
-        let digest = Box::new(Digest {
-            ssl_digest: underlying_stream.get_ssl_digest(),
-            timing_digest: underlying_stream.get_timing_digest(),
-            proxy_digest: underlying_stream.get_proxy_digest(),
-            socket_digest: underlying_stream.get_socket_digest(),
-        });
-
         HttpSession {
             underlying_stream,
             buf: Bytes::new(), // zero size, with be replaced by parsed header later
@@ -195,7 +189,7 @@ impl HttpSession {
             body_bytes_read: 0,
             retry_buffer: None,
             upgraded: false,
-            digest,
+            digest: OnceLock::new(),
             min_send_rate: None,
             ignore_info_resp: false,
             // default on to avoid rejecting requests after body as pipelined
@@ -1429,12 +1423,21 @@ impl HttpSession {
 
     /// Return the [Digest] of the connection.
     pub fn digest(&self) -> &Digest {
-        &self.digest
+        self.digest.get_or_init(|| {
+            let stream = &self.underlying_stream;
+            Digest {
+                ssl_digest: stream.get_ssl_digest(),
+                timing_digest: stream.get_timing_digest(),
+                proxy_digest: stream.get_proxy_digest(),
+                socket_digest: stream.get_socket_digest(),
+            }
+        })
     }
 
     /// Return a mutable [Digest] reference for the connection.
     pub fn digest_mut(&mut self) -> &mut Digest {
-        &mut self.digest
+        self.digest();
+        self.digest.get_mut().expect("made just above")
     }
 
     /// Return the client (peer) address of the underlying connection.
@@ -1892,6 +1895,24 @@ mod tests_stream {
         let res = http_stream.read_request().await;
         assert_eq!(input.len(), res.unwrap().unwrap());
         assert_eq!(0, http_stream.req_header().headers.len());
+    }
+
+    /// The digest is made from the stream when first asked for, not with each session: reading
+    /// a request makes none.
+    #[tokio::test]
+    async fn the_digest_is_made_when_first_asked_for() {
+        init_log();
+        let input = b"GET / HTTP/1.1\r\nHost: pingora.org\r\n\r\n";
+        let mock_io = Builder::new().read(&input[..]).build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        http_stream.read_request().await.unwrap();
+        assert!(http_stream.digest.get().is_none());
+        // A mock stream has no timing digest and no socket.
+        assert!(http_stream.digest().timing_digest.is_empty());
+        assert!(http_stream.client_addr().is_none());
+        // Made once: a change through `digest_mut` stays.
+        http_stream.digest_mut().timing_digest.push(None);
+        assert_eq!(http_stream.digest().timing_digest.len(), 1);
     }
 
     #[tokio::test]
