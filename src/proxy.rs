@@ -410,10 +410,15 @@ impl ProxyHttp for Gateway {
             Some(c) => c.clone(),
             None => self.config.snapshot(),
         };
-        ctx.peer = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip());
+        // The peer as the connection's entry noted it at accept: the same socket address as the
+        // session's digest, which Pingora then need not make for this request.
+        ctx.peer = match &ctx.peer_text {
+            Some((ip, _)) => Some(*ip),
+            None => session
+                .client_addr()
+                .and_then(|a| a.as_inet())
+                .map(|a| a.ip()),
+        };
         // 0. The head: Host, sizes, the path's normal form. 1-4: identity, route, shedding,
         // limits.
         let decided = match check_head(&cfg, session) {
