@@ -51,7 +51,7 @@ pub struct HttpSession {
     /// request.
     pub write_timeout: Option<Duration>,
     keepalive_timeout: KeepaliveStatus,
-    pub(crate) digest: Box<Digest>,
+    pub(crate) digest: Digest,
     response_header: Option<Box<ResponseHeader>>,
     request_written: Option<Box<RequestHeader>>,
     bytes_sent: usize,
@@ -76,12 +76,12 @@ impl HttpSession {
     /// Create a new http client session from an established (TCP or TLS) [`Stream`].
     pub fn new(stream: Stream) -> Self {
         // TODO: maybe we should put digest in the connection itself
-        let digest = Box::new(Digest {
+        let digest = Digest {
             ssl_digest: stream.get_ssl_digest(),
             timing_digest: stream.get_timing_digest(),
             proxy_digest: stream.get_proxy_digest(),
             socket_digest: stream.get_socket_digest(),
-        });
+        };
         HttpSession {
             underlying_stream: stream,
             buf: Bytes::new(), // zero size, will be replaced by parsed header later
