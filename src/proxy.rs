@@ -384,6 +384,12 @@ impl ProxyHttp for Gateway {
     /// filters on every request (about 650 instructions).
     fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
+    // This filter, `request_body_filter`, `response_filter` and `logging` are written out as
+    // `async_trait` would write them, because their work is done when they are called: they
+    // return `finished`'s future, which has no size, so no allocation per request (an
+    // `async fn`'s future holds its arguments and is boxed). `request_filter` may wait for the
+    // store and `upstream_peer` returns a value, so they stay `async`.
+
     /// The head has been read: the connection is busy (no head deadline while the request
     /// runs), keep-alive follows `server.keepalive_timeout` whatever the client asked, and
     /// pipelined requests are served in order.
