@@ -166,6 +166,19 @@ in_image() {
   env -i "${image_env[@]}" "${extra[@]}" chroot --userspec="$user" "$ROOT" "$@"
 }
 
+# As in_image, in the background with its output to LOG (the first word), and its PID noted in
+# pids. Started here, not as `in_image ... &`: that would note the PID of a subshell, which a
+# signal would end while the process it started went on (env and chroot exec, so this PID is
+# the program's own).
+start_in_image() {
+  local log=$1 extra=()
+  shift
+  while [ "$1" != -- ]; do extra+=("$1"); shift; done
+  shift
+  env -i "${image_env[@]}" "${extra[@]}" chroot --userspec="$user" "$ROOT" "$@" >"$log" 2>&1 &
+  pids+=($!)
+}
+
 # A TCP port on 127.0.0.1 that nothing listens on now, below the ephemeral range (where an
 # outgoing connection may hold a port without listening on it).
 read -r ephemeral_low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || ephemeral_low=32768
@@ -186,10 +199,8 @@ in_image -- "$entry" check /etc/tollgate/gateway.yaml
 proxy=$(free_port) admin=$(free_port) upstream=$(free_port)
 net=(TOLLGATE_LISTEN=127.0.0.1:$proxy TOLLGATE_ADMIN_LISTEN=127.0.0.1:$admin TOLLGATE_UPSTREAM=127.0.0.1:$upstream)
 say "start the demo upstream (127.0.0.1:$upstream) and the gateway (proxy 127.0.0.1:$proxy, admin 127.0.0.1:$admin)"
-in_image -- "$entry" demo-upstream --listen "127.0.0.1:$upstream" >"$WORK/upstream.log" 2>&1 &
-pids+=($!)
-in_image "${net[@]}" -- "$entry" "${image_cmd[@]}" >"$WORK/gateway.log" 2>&1 &
-pids+=($!)
+start_in_image "$WORK/upstream.log" -- "$entry" demo-upstream --listen "127.0.0.1:$upstream"
+start_in_image "$WORK/gateway.log" "${net[@]}" -- "$entry" "${image_cmd[@]}"
 
 say "the image's HEALTHCHECK: ${healthcheck[*]:1}"
 healthy=""
@@ -219,6 +230,8 @@ grep -q '"path":"/hello"' <<<"$response" || { echo "$response" >&2; die "the dem
 
 say "stop the gateway with the image's STOPSIGNAL"
 stopsignal=$(podman image inspect --format '{{.Config.StopSignal}}' "$IMAGE")
+exe=$(readlink "/proc/${pids[1]}/exe" || true)
+[ "${exe##*/}" = "${entry##*/}" ] || die "pid ${pids[1]} is not the gateway but ${exe:-gone}"
 kill -s "${stopsignal#SIG}" "${pids[1]}"
 for _ in $(seq 150); do kill -0 "${pids[1]}" 2>/dev/null || break; sleep 0.1; done
 kill -0 "${pids[1]}" 2>/dev/null && die "the gateway did not stop within 15 s of $stopsignal"
