@@ -8,11 +8,8 @@
 //! Phase: every request. One config snapshot is taken at the start and used to the end, so a
 //! reload never changes a request half-way.
 
-use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -39,6 +36,9 @@ use crate::refusal::Refusal;
 use crate::route::match_route;
 use crate::shed::{self, InFlight, Shedder};
 use crate::store::{HeldSlots, Store};
+
+mod finished;
+use finished::{finished, Immediate};
 
 pub struct Gateway {
     pub config: Arc<ConfigHandle>,
@@ -573,50 +573,5 @@ impl ProxyHttp for Gateway {
             error_code: code,
             can_reuse_downstream: false,
         }
-    }
-}
-
-/// The future of a filter whose work was done when it was called (all of tollgate's but
-/// `request_filter` and `upstream_peer`), ready at once with what `F` returns. `F` is a
-/// closure that captures nothing, so this future has no size and the box `ProxyHttp`'s methods
-/// put their futures in (it is an `async_trait`) allocates nothing. An `async fn`'s future
-/// holds its arguments, an allocation per call.
-struct Immediate<F>(F);
-
-impl<T, F: Fn() -> T + Unpin> Future for Immediate<F> {
-    type Output = T;
-
-    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<T> {
-        Poll::Ready((self.0)())
-    }
-}
-
-/// A filter's finished work as the future its method returns: of no size when it succeeded.
-fn finished(result: Result<()>) -> BoxFuture<'static, Result<()>> {
-    match result {
-        Ok(()) => Box::pin(Immediate(|| Ok(()))),
-        Err(e) => Box::pin(std::future::ready(Err(e))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A filter that succeeded answers through a future of no size (its box allocates
-    /// nothing); one that failed hands its error on.
-    #[tokio::test]
-    async fn a_finished_filter_answers_at_once_and_allocates_only_to_fail() {
-        let ok = finished(Ok(()));
-        assert_eq!(std::mem::size_of_val(&*ok), 0);
-        assert!(ok.await.is_ok());
-        let failed = finished(Error::e_explain(ErrorType::HTTPStatus(413), "too large"));
-        assert_eq!(
-            failed.await.unwrap_err().etype(),
-            &ErrorType::HTTPStatus(413)
-        );
-        let nothing = Box::pin(Immediate(|| ()));
-        assert_eq!(std::mem::size_of_val(&*nothing), 0);
-        nothing.await;
     }
 }
