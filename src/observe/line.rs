@@ -181,10 +181,6 @@ impl Observer {
             Verdict::Shed => (None, Some("shed")),
         };
         let took = took.unwrap_or_default();
-        let peer = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip());
         let micros = |d: Duration| d.as_micros() as u64;
         let started = SystemTime::now().checked_sub(took);
         let request_id = match (&client_id, rec.generated_id) {
@@ -198,7 +194,17 @@ impl Observer {
         };
         let upstream_time = rec.upstream_time.map(|t| Value::Micros(micros(t)));
         let time = Value::Time(started.unwrap_or_else(SystemTime::now));
-        let client_ip = rec.client_ip.or(peer).map_or(Value::None, Value::Ip);
+        // The caller's address as identity saw it; the peer's only for a request refused
+        // before identity ran (asking Pingora makes the session's digest).
+        let client_ip = rec
+            .client_ip
+            .or_else(|| {
+                session
+                    .client_addr()
+                    .and_then(|a| a.as_inet())
+                    .map(|a| a.ip())
+            })
+            .map_or(Value::None, Value::Ip);
         let upstream = rec.upstream.map_or(Value::None, Value::Addr);
         format::line(
             out,

@@ -94,8 +94,12 @@ async fn one_json_line_per_request_with_every_field_and_no_secret() {
     for _ in 0..5 {
         get(&c, &gw.url("/orders"), &[("x-api-key", SECRET_KEY)]).await;
     }
+    // 5. A target over 8 KiB, refused before identity: its line still names the peer.
+    let long = format!("/{}", "a".repeat(9000));
+    let r = get(&c, &gw.url(&long), &[]).await;
+    assert_eq!(r.status.as_u16(), 414);
 
-    let lines = lines(&log, 8).await;
+    let lines = lines(&log, 9).await;
     let all = lines.join("\n");
     for secret in [SECRET_KEY, token.as_str(), "Bearer", "authorization"] {
         assert!(
@@ -173,6 +177,11 @@ async fn one_json_line_per_request_with_every_field_and_no_secret() {
     assert_eq!(
         (&last["upstream"], &last["upstream_ms"]),
         (&Value::Null, &Value::Null)
+    );
+    let refused = &line[8];
+    assert_eq!(
+        (&refused["status"], &refused["client_ip"], &refused["route"]),
+        (&json!(414), &json!("127.0.0.1"), &Value::Null)
     );
 
     // /top names the key by its fingerprint only.
