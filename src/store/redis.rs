@@ -171,14 +171,26 @@ impl<C> Lazy<C> {
         }
     }
 
+    /// The current connection, or a new one made by `connect`. Only the first branch runs on
+    /// every call; the connecting one is boxed, because a connection's setup future (a
+    /// cluster's is kilobytes) would otherwise be part of every call's future, which the
+    /// store boxes and so copies whole on every request.
     async fn get<F, Fut>(&self, connect: F) -> Result<Arc<C>, RedisError>
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<C, RedisError>>,
     {
-        if let Some(c) = self.current.load_full() {
-            return Ok(c);
+        match self.current.load_full() {
+            Some(c) => Ok(c),
+            None => Box::pin(self.connect(connect)).await,
         }
+    }
+
+    async fn connect<F, Fut>(&self, connect: F) -> Result<Arc<C>, RedisError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<C, RedisError>>,
+    {
         let _one = self.connecting.lock().await;
         if let Some(c) = self.current.load_full() {
             return Ok(c);
@@ -557,5 +569,26 @@ impl RedisStore {
         self.guarded::<String>(&inv, self.timeout().max(Duration::from_millis(250)))
             .await
             .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The store boxes a Redis check's future, copying it whole, on every request. Its
+    /// size is the calls' own state: the connection's setup (kilobytes for a cluster's) is
+    /// boxed apart, and was 3 KiB of the 4.5 KiB this was before.
+    #[test]
+    fn a_checks_future_holds_no_connection_setup() {
+        let url = "redis://127.0.0.1:1".to_string();
+        let s = RedisStore::new(Topology::Single { url }, "p", Duration::from_millis(50))
+            .expect("a store");
+        let mut out = crate::store::Decisions::new();
+        let size = std::mem::size_of_val(&s.check(&[], 0, &mut out));
+        assert!(size < 2048, "a check's future is {size} bytes");
+        let inv = Call::new(&CHECK_SCRIPTS.by_algorithm[0], std::iter::empty());
+        let size = std::mem::size_of_val(&s.invoke::<Vec<u8>>(&inv));
+        assert!(size < 512, "a call's future is {size} bytes");
     }
 }
