@@ -10,6 +10,7 @@
 //! Phase: the end of a request, only while the access log is on.
 
 use std::borrow::Cow;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -151,6 +152,12 @@ fn client_strings<'r>(cfg: &Config, session: &'r Session, rec: &'r Record) -> Cl
     }
 }
 
+/// The peer's address, for a line whose request was refused before identity ran (identity
+/// notes the caller's): asking Pingora for it makes the session's digest.
+fn peer_ip(session: &Session) -> Option<IpAddr> {
+    session.client_addr()?.as_inet().map(|a| a.ip())
+}
+
 /// A config name or fixed word, or none.
 fn safe(v: Option<&str>) -> Value<'_> {
     v.map_or(Value::None, Value::Safe)
@@ -194,17 +201,8 @@ impl Observer {
         };
         let upstream_time = rec.upstream_time.map(|t| Value::Micros(micros(t)));
         let time = Value::Time(started.unwrap_or_else(SystemTime::now));
-        // The caller's address as identity saw it; the peer's only for a request refused
-        // before identity ran (asking Pingora makes the session's digest).
-        let client_ip = rec
-            .client_ip
-            .or_else(|| {
-                session
-                    .client_addr()
-                    .and_then(|a| a.as_inet())
-                    .map(|a| a.ip())
-            })
-            .map_or(Value::None, Value::Ip);
+        let client_ip = rec.client_ip.or_else(|| peer_ip(session));
+        let client_ip = client_ip.map_or(Value::None, Value::Ip);
         let upstream = rec.upstream.map_or(Value::None, Value::Addr);
         format::line(
             out,
