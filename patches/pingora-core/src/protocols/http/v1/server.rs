@@ -820,7 +820,7 @@ impl HttpSession {
     fn prepare_response_header(
         &mut self,
         header: &mut ResponseHeader,
-    ) -> Result<Option<(Bytes, bool)>> {
+    ) -> Result<Option<(BytesMut, bool)>> {
         // Check if we should ignore informational responses
         if header.status.is_informational() && self.ignore_info_resp(header.status.into()) {
             debug!("ignoring informational headers");
@@ -848,11 +848,11 @@ impl HttpSession {
             /* update headers */
             header.insert_header(header::DATE, date::get_cached_date())?;
 
-            // TODO: make these lazy static
+            // Static values: a `&str` would be copied into a new allocation on every response.
             let connection_value = if self.will_keepalive() {
-                "keep-alive"
+                HeaderValue::from_static("keep-alive")
             } else {
-                "close"
+                HeaderValue::from_static("close")
             };
             header.insert_header(header::CONNECTION, connection_value)?;
         }
@@ -922,7 +922,9 @@ impl HttpSession {
         let should_flush = header.status.is_informational()
             || header.headers.get(header::CONTENT_LENGTH).is_none();
 
-        Ok(Some((write_buf.freeze(), should_flush)))
+        // Not frozen here: `Bytes` from a buffer with room left costs an allocation, and
+        // `write_response_header` writes it at once, as it is.
+        Ok(Some((write_buf, should_flush)))
     }
 
     fn init_body_writer(&mut self, header: &ResponseHeader) {
@@ -1711,9 +1713,11 @@ impl HttpSession {
                     };
                     // header only responses will want to flush
                     let flush = should_flush || self.body_writer.finished();
-                    self.proxy_task_state
-                        .header_writer()
-                        .send_header_task(write_buf, flush, None);
+                    self.proxy_task_state.header_writer().send_header_task(
+                        write_buf.freeze(),
+                        flush,
+                        None,
+                    );
                     self.proxy_task_state.current_writer =
                         Some(ProxyTaskWriter::WritingHeader(header, end));
                 }
@@ -1913,6 +1917,48 @@ mod tests_stream {
         // Made once: a change through `digest_mut` stays.
         http_stream.digest_mut().timing_digest.push(None);
         assert_eq!(http_stream.digest().timing_digest.len(), 1);
+    }
+
+    /// A response head is written whole, saying whether the connection stays open: the
+    /// `Connection` values are static and the head is written from the buffer it was
+    /// serialized into.
+    #[tokio::test]
+    async fn a_response_head_says_keep_alive_or_close_and_is_written_whole() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        init_log();
+        for (request, connection) in [
+            (
+                &b"GET / HTTP/1.1\r\nHost: pingora.org\r\n\r\n"[..],
+                "keep-alive",
+            ),
+            (
+                &b"GET / HTTP/1.1\r\nHost: pingora.org\r\nConnection: close\r\n\r\n"[..],
+                "close",
+            ),
+        ] {
+            let (mut client, server) = tokio::io::duplex(4096);
+            client.write_all(request).await.unwrap();
+            let mut http_stream = HttpSession::new(Box::new(server));
+            http_stream.read_request().await.unwrap();
+            http_stream.set_keepalive(Some(60));
+            if connection == "close" {
+                http_stream.set_keepalive(None);
+            }
+            let response = ResponseHeader::build(StatusCode::OK, None).unwrap();
+            http_stream
+                .write_response_header(Box::new(response))
+                .await
+                .unwrap();
+            drop(http_stream);
+            let mut wire = String::new();
+            client.read_to_string(&mut wire).await.unwrap();
+            assert!(wire.starts_with("HTTP/1.1 200 OK\r\n"), "{wire:?}");
+            assert!(wire.ends_with("\r\n\r\n"), "{wire:?}");
+            assert!(
+                wire.contains(&format!("\r\nConnection: {connection}\r\n")),
+                "{wire:?}"
+            );
+        }
     }
 
     #[tokio::test]
