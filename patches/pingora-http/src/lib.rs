@@ -191,6 +191,34 @@ impl RequestHeader {
         Ok(req)
     }
 
+    /// [Self::build] with the path already in a [Bytes] (see [Self::set_raw_path_shared]).
+    pub fn build_shared(
+        method: impl TryInto<Method>,
+        path: bytes::Bytes,
+        size_hint: Option<usize>,
+    ) -> Result<Self> {
+        let mut req = Self::build_no_case_shared(method, path, size_hint)?;
+        req.header_name_map = Some(CaseMap::with_capacity(http_header_map_upper_bound(
+            size_hint,
+        )));
+        Ok(req)
+    }
+
+    /// [Self::build_no_case] with the path already in a [Bytes] (see
+    /// [Self::set_raw_path_shared]).
+    pub fn build_no_case_shared(
+        method: impl TryInto<Method>,
+        path: bytes::Bytes,
+        size_hint: Option<usize>,
+    ) -> Result<Self> {
+        let mut req = Self::new_no_case(size_hint);
+        req.base.method = method
+            .try_into()
+            .explain_err(InvalidHTTPHeader, |_| "invalid method")?;
+        req.set_raw_path_shared(path)?;
+        Ok(req)
+    }
+
     /// Append the header name and value to `self`.
     ///
     /// If there are already some headers under the same name, a new value will be added without
@@ -344,6 +372,28 @@ impl RequestHeader {
         // (e.g. a CONNECT mutated into a normal request) cannot serialize a stale
         // target.
         self.raw_target = parsed.raw_target;
+        Ok(())
+    }
+
+    /// [Self::set_raw_path] for a target that is already in a [Bytes], such as a slice of the
+    /// buffer the request was read into. An origin-form, asterisk-form or query-only target
+    /// that is valid UTF-8, which is what almost every request carries, becomes the [Uri]'s
+    /// path and query without being copied: it shares `path`'s buffer, so neither making it
+    /// nor cloning the header later allocates for it. Any other target is handled exactly as
+    /// [Self::set_raw_path] handles it.
+    pub fn set_raw_path_shared(&mut self, path: bytes::Bytes) -> Result<()> {
+        let end = path.iter().position(|&b| b == b'#').unwrap_or(path.len());
+        let target = &path[..end];
+        let round_trips = matches!(target.first(), Some(b'/' | b'?')) || target == b"*";
+        if !round_trips || std::str::from_utf8(target).is_err() {
+            return self.set_raw_path(&path);
+        }
+        let path_and_query = http::uri::PathAndQuery::from_maybe_shared(path.slice(..end))
+            .explain_err(InvalidHTTPHeader, |_| {
+                format!("invalid uri {}", String::from_utf8_lossy(target))
+            })?;
+        self.base.uri = Uri::from(path_and_query);
+        self.raw_target = RawTarget::FromUri;
         Ok(())
     }
 
@@ -1665,6 +1715,54 @@ mod tests {
             );
             assert!(req.raw_path_is_utf8());
         }
+    }
+
+    /// A target given as shared bytes ends up exactly as one given as a slice, in every form;
+    /// an origin-form target's path shares the given buffer instead of copying it.
+    #[test]
+    fn a_shared_target_is_set_as_a_copied_one_and_origin_form_shares_its_buffer() {
+        for target in [
+            &b"/"[..],
+            b"/index.html",
+            b"/a/b/c?d=e&f=g",
+            b"/a#frag",
+            b"?q=1",
+            b"*",
+            b"",
+            b"#only",
+            b"http://host:8080/p?q=1",
+            b"example.com:443",
+            b"/caf\xc3\xa9",
+            b"/\xff\xfe",
+            b"relative/path",
+        ] {
+            let shown = String::from_utf8_lossy(target);
+            let mut copied = RequestHeader::build("GET", b"/", None).unwrap();
+            let mut shared = copied.clone();
+            let copied_result = copied.set_raw_path(target);
+            let shared_result = shared.set_raw_path_shared(bytes::Bytes::copy_from_slice(target));
+            assert_eq!(copied_result.is_ok(), shared_result.is_ok(), "{shown}");
+            assert_eq!(copied.uri, shared.uri, "{shown}");
+            assert_eq!(copied.raw_path(), shared.raw_path(), "{shown}");
+            assert_eq!(
+                copied.raw_path_is_utf8(),
+                shared.raw_path_is_utf8(),
+                "{shown}"
+            );
+        }
+        let buffer = bytes::Bytes::from_static(b"/items/7?color=red");
+        let built = RequestHeader::build("GET", &buffer, Some(2)).unwrap();
+        let shared = RequestHeader::build_shared("GET", buffer.clone(), Some(2)).unwrap();
+        assert_eq!((&shared.method, &shared.uri), (&built.method, &built.uri));
+        assert!(shared.has_case());
+        let req = RequestHeader::build_no_case_shared("GET", buffer.clone(), None).unwrap();
+        assert!(!req.has_case());
+        let range = buffer.as_ptr_range();
+        assert!(
+            range.contains(&req.uri.path().as_ptr()),
+            "the path was copied"
+        );
+        assert_eq!(req.raw_path(), b"/items/7?color=red");
     }
 
     #[test]

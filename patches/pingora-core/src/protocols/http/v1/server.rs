@@ -346,21 +346,22 @@ impl HttpSession {
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, req.headers);
 
-                        let method = req.method.unwrap_or("");
+                        let method = Method::from_bytes(req.method.unwrap_or("").as_bytes())
+                            .explain_err(InvalidHTTPHeader, |_| "invalid method")?;
                         // we path httparse to allow unsafe bytes in the str
-                        let path = req.path.unwrap_or("").as_bytes();
-                        let size_hint = Some(req.headers.len());
-                        let mut request_header = Box::new(if self.discard_header_case {
-                            RequestHeader::build_no_case(method, path, size_hint)?
-                        } else {
-                            RequestHeader::build(method, path, size_hint)?
+                        // The head is built once `buf` is frozen, its target a slice of it (as
+                        // the header values below are): a copy would be an allocation, and a
+                        // second one when the header is cloned for the upstream.
+                        let path = req.path.map(|p| {
+                            let start = p.as_ptr() as usize - base;
+                            start..start + p.len()
                         });
-
-                        request_header.set_version(match req.version {
+                        let size_hint = Some(req.headers.len());
+                        let version = match req.version {
                             Some(1) => Version::HTTP_11,
                             Some(0) => Version::HTTP_10,
                             _ => Version::HTTP_09,
-                        });
+                        };
 
                         // Detach bytes beyond the header in O(1). Keeping them as owned BytesMut
                         // allows body parsing and subsequent pipelined sessions to continue
@@ -381,6 +382,13 @@ impl HttpSession {
                             rest
                         };
                         let buf = buf.freeze();
+                        let path = path.map_or_else(Bytes::new, |path| buf.slice(path));
+                        let mut request_header = Box::new(if self.discard_header_case {
+                            RequestHeader::build_no_case_shared(method, path, size_hint)?
+                        } else {
+                            RequestHeader::build_shared(method, path, size_hint)?
+                        });
+                        request_header.set_version(version);
 
                         for header in header_refs {
                             let header_name = header.get_name_bytes(&buf);
@@ -1917,6 +1925,37 @@ mod tests_stream {
         // Made once: a change through `digest_mut` stays.
         http_stream.digest_mut().timing_digest.push(None);
         assert_eq!(http_stream.digest().timing_digest.len(), 1);
+    }
+
+    /// The request target read is the one sent, in every form, and an origin-form target's
+    /// path is a slice of the buffer the request was read into, not a copy.
+    #[tokio::test]
+    async fn the_request_target_is_read_into_the_head_without_a_copy() {
+        init_log();
+        for target in [
+            &b"/"[..],
+            b"/a/b?c=d",
+            b"*",
+            b"http://pingora.org/p?q=1",
+            b"/caf\xc3\xa9",
+        ] {
+            let mut input = b"GET ".to_vec();
+            input.extend_from_slice(target);
+            input.extend_from_slice(b" HTTP/1.1\r\nHost: pingora.org\r\n\r\n");
+            let mock_io = Builder::new().read(&input).build();
+            let mut http_stream = HttpSession::new(Box::new(mock_io));
+            http_stream.read_request().await.unwrap();
+            let expected = RequestHeader::build("GET", target, None).unwrap();
+            let req = http_stream.req_header();
+            let shown = String::from_utf8_lossy(target);
+            assert_eq!(req.raw_path(), expected.raw_path(), "{shown}");
+            assert_eq!(req.uri, expected.uri, "{shown}");
+            if target.starts_with(b"/") {
+                let read = http_stream.buf.as_ptr_range();
+                let path = http_stream.req_header().uri.path().as_ptr();
+                assert!(read.contains(&path), "{shown}: the path was copied");
+            }
+        }
     }
 
     /// A response head is written whole, saying whether the connection stays open: the
