@@ -29,7 +29,7 @@ use super::body::{BodyReader, BodyWriter};
 use super::common::*;
 use crate::protocols::http::HttpTask;
 use crate::protocols::{Digest, SocketAddr, Stream, UniqueID, UniqueIDType};
-use crate::utils::{BufRef, KVRef};
+use crate::utils::BufRef;
 
 /// The HTTP 1.x client session
 pub struct HttpSession {
@@ -282,7 +282,7 @@ impl HttpSession {
                     HeaderParseState::Complete(s) => {
                         let total_read = self.response_header_read_buf.len();
                         let base = self.response_header_read_buf.as_ptr() as usize;
-                        let mut header_refs = Vec::<KVRef>::with_capacity(resp.headers.len());
+                        let mut header_refs = HeaderRefs::new();
 
                         // Note: resp.headers has the correct number of headers
                         // while header_refs doesn't as it is still empty
@@ -315,7 +315,7 @@ impl HttpSession {
 
                         let buf = std::mem::take(&mut self.response_header_read_buf).freeze();
 
-                        for header in header_refs {
+                        for header in &header_refs {
                             let header_name = header.get_name_bytes(&buf);
                             let header_name = header_name.into_case_header_name();
                             let value_bytes = header.get_value_bytes(&buf);

@@ -267,10 +267,14 @@ pub(super) fn is_buf_keepalive(header_value: Option<&HeaderValue>) -> Option<boo
     })
 }
 
+/// Where a parsed head's headers are in its read buffer: inline for up to 16 headers, which
+/// most heads have, so noting them allocates nothing.
+pub(super) type HeaderRefs = smallvec::SmallVec<[KVRef; 16]>;
+
 #[inline]
 pub(super) fn populate_headers(
     base: usize,
-    header_ref: &mut Vec<KVRef>,
+    header_ref: &mut HeaderRefs,
     headers: &[httparse::Header],
 ) -> usize {
     let mut used_header_index = 0;

@@ -41,7 +41,7 @@ use crate::protocols::http::{
     ReusableHttpStream,
 };
 use crate::protocols::{Digest, SocketAddr, Stream};
-use crate::utils::{BufRef, KVRef};
+use crate::utils::BufRef;
 
 /// Tracks which writer is currently processing a task.
 ///
@@ -341,7 +341,7 @@ impl HttpSession {
                         // `KVRef`s to record the offset of each piece of data, drop `req`, convert
                         // buf, the do the 0 copy update
                         let base = buf.as_ptr() as usize;
-                        let mut header_refs = Vec::<KVRef>::with_capacity(req.headers.len());
+                        let mut header_refs = HeaderRefs::new();
                         // Note: req.headers has the correct number of headers
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, req.headers);
@@ -390,7 +390,7 @@ impl HttpSession {
                         });
                         request_header.set_version(version);
 
-                        for header in header_refs {
+                        for header in &header_refs {
                             let header_name = header.get_name_bytes(&buf);
                             let header_name = header_name.into_case_header_name();
                             let value_bytes = header.get_value_bytes(&buf);
@@ -1925,6 +1925,31 @@ mod tests_stream {
         // Made once: a change through `digest_mut` stays.
         http_stream.digest_mut().timing_digest.push(None);
         assert_eq!(http_stream.digest().timing_digest.len(), 1);
+    }
+
+    /// Every header of a head is read, whether their places in the buffer fit inline (up to
+    /// 16) or spill to the heap.
+    #[tokio::test]
+    async fn heads_of_few_and_of_many_headers_are_read_whole() {
+        init_log();
+        for count in [1usize, 16, 17, 40] {
+            let mut input = b"GET / HTTP/1.1\r\n".to_vec();
+            for i in 0..count {
+                input.extend_from_slice(format!("X-H{i}: v{i}\r\n").as_bytes());
+            }
+            input.extend_from_slice(b"\r\n");
+            let mock_io = Builder::new().read(&input).build();
+            let mut http_stream = HttpSession::new(Box::new(mock_io));
+            http_stream.read_request().await.unwrap();
+            let headers = &http_stream.req_header().headers;
+            assert_eq!(headers.len(), count);
+            for i in 0..count {
+                assert_eq!(
+                    headers[format!("x-h{i}").as_str()],
+                    format!("v{i}").as_str()
+                );
+            }
+        }
     }
 
     /// The request target read is the one sent, in every form, and an origin-form target's
