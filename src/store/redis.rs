@@ -186,6 +186,7 @@ impl<C> Lazy<C> {
         }
     }
 
+    /// One attempt at a time: a call that waited for another's takes the connection it made.
     async fn connect<F, Fut>(&self, connect: F) -> Result<Arc<C>, RedisError>
     where
         F: FnOnce() -> Fut,

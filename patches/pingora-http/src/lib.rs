@@ -166,11 +166,7 @@ impl RequestHeader {
         path: &[u8],
         size_hint: Option<usize>,
     ) -> Result<Self> {
-        let mut req = Self::build_no_case(method, path, size_hint)?;
-        req.header_name_map = Some(CaseMap::with_capacity(http_header_map_upper_bound(
-            size_hint,
-        )));
-        Ok(req)
+        Ok(Self::build_no_case(method, path, size_hint)?.with_case_map(size_hint))
     }
 
     /// Create a new [RequestHeader] with the given method and path without preserving header case.
@@ -183,12 +179,26 @@ impl RequestHeader {
         path: &[u8],
         size_hint: Option<usize>,
     ) -> Result<Self> {
+        let mut req = Self::with_method(method, size_hint)?;
+        req.set_raw_path(path)?;
+        Ok(req)
+    }
+
+    /// A head without a case map, with `method` and the default target.
+    fn with_method(method: impl TryInto<Method>, size_hint: Option<usize>) -> Result<Self> {
         let mut req = Self::new_no_case(size_hint);
         req.base.method = method
             .try_into()
             .explain_err(InvalidHTTPHeader, |_| "invalid method")?;
-        req.set_raw_path(path)?;
         Ok(req)
+    }
+
+    /// `self` with a case map for `size_hint` headers.
+    fn with_case_map(mut self, size_hint: Option<usize>) -> Self {
+        self.header_name_map = Some(CaseMap::with_capacity(http_header_map_upper_bound(
+            size_hint,
+        )));
+        self
     }
 
     /// [Self::build] with the path already in a [Bytes] (see [Self::set_raw_path_shared]).
@@ -197,11 +207,7 @@ impl RequestHeader {
         path: bytes::Bytes,
         size_hint: Option<usize>,
     ) -> Result<Self> {
-        let mut req = Self::build_no_case_shared(method, path, size_hint)?;
-        req.header_name_map = Some(CaseMap::with_capacity(http_header_map_upper_bound(
-            size_hint,
-        )));
-        Ok(req)
+        Ok(Self::build_no_case_shared(method, path, size_hint)?.with_case_map(size_hint))
     }
 
     /// [Self::build_no_case] with the path already in a [Bytes] (see
@@ -211,10 +217,7 @@ impl RequestHeader {
         path: bytes::Bytes,
         size_hint: Option<usize>,
     ) -> Result<Self> {
-        let mut req = Self::new_no_case(size_hint);
-        req.base.method = method
-            .try_into()
-            .explain_err(InvalidHTTPHeader, |_| "invalid method")?;
+        let mut req = Self::with_method(method, size_hint)?;
         req.set_raw_path_shared(path)?;
         Ok(req)
     }
