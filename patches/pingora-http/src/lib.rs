@@ -179,21 +179,23 @@ impl RequestHeader {
         path: &[u8],
         size_hint: Option<usize>,
     ) -> Result<Self> {
-        let mut req = Self::with_method(method, size_hint)?;
+        let mut req = Self::new_no_case(size_hint);
+        req.try_set_method(method)?;
         req.set_raw_path(path)?;
         Ok(req)
     }
 
-    /// A head without a case map, with `method` and the default target.
-    fn with_method(method: impl TryInto<Method>, size_hint: Option<usize>) -> Result<Self> {
-        let mut req = Self::new_no_case(size_hint);
-        req.base.method = method
+    /// Set the method from what a constructor was given.
+    #[inline]
+    fn try_set_method(&mut self, method: impl TryInto<Method>) -> Result<()> {
+        self.base.method = method
             .try_into()
             .explain_err(InvalidHTTPHeader, |_| "invalid method")?;
-        Ok(req)
+        Ok(())
     }
 
     /// `self` with a case map for `size_hint` headers.
+    #[inline]
     fn with_case_map(mut self, size_hint: Option<usize>) -> Self {
         self.header_name_map = Some(CaseMap::with_capacity(http_header_map_upper_bound(
             size_hint,
@@ -217,7 +219,8 @@ impl RequestHeader {
         path: bytes::Bytes,
         size_hint: Option<usize>,
     ) -> Result<Self> {
-        let mut req = Self::with_method(method, size_hint)?;
+        let mut req = Self::new_no_case(size_hint);
+        req.try_set_method(method)?;
         req.set_raw_path_shared(path)?;
         Ok(req)
     }
