@@ -1968,7 +1968,12 @@ mod tests {
         }
     }
 
-    async fn new_request_session(request: &[u8], written: Arc<Mutex<Vec<u8>>>) -> Session {
+    /// A session that has read `request` and writes what it sends into `written` (also used by
+    /// `proxy_h1`'s tests).
+    pub(crate) async fn new_request_session(
+        request: &[u8],
+        written: Arc<std::sync::Mutex<Vec<u8>>>,
+    ) -> Session {
         let socket = StaticVirtualSocket::new(request, written);
         let stream = L4Stream::from(VirtualSocketStream::new(Box::new(socket)));
         let mut session = Session::new_h1(Box::new(stream));
@@ -2635,15 +2640,33 @@ mod tests {
         }
         check!(proxy.early_request_filter(s, &mut ctx), Ok(()));
         check!(proxy.request_filter(s, &mut ctx), Ok(false));
-        check!(proxy.request_body_filter(s, &mut body, true, &mut ctx), Ok(()));
+        check!(
+            proxy.request_body_filter(s, &mut body, true, &mut ctx),
+            Ok(())
+        );
         check!(proxy.proxy_upstream_filter(s, &mut ctx), Ok(true));
-        check!(proxy.upstream_request_filter(s, &mut request, &mut ctx), Ok(()));
-        check!(proxy.connected_to_upstream(s, false, &peer, 0, None, &mut ctx), Ok(()));
+        check!(
+            proxy.upstream_request_filter(s, &mut request, &mut ctx),
+            Ok(())
+        );
+        check!(
+            proxy.connected_to_upstream(s, false, &peer, 0, None, &mut ctx),
+            Ok(())
+        );
         #[cfg(feature = "upstream_modules")]
-        check!(proxy.adjust_upstream_modules(s, &response, false, &mut ctx), Ok(()));
-        check!(proxy.upstream_response_filter(s, &mut response, &mut ctx), Ok(()));
+        check!(
+            proxy.adjust_upstream_modules(s, &response, false, &mut ctx),
+            Ok(())
+        );
+        check!(
+            proxy.upstream_response_filter(s, &mut response, &mut ctx),
+            Ok(())
+        );
         check!(proxy.response_filter(s, &mut response, &mut ctx), Ok(()));
-        check!(proxy.response_trailer_filter(s, &mut trailers, &mut ctx), Ok(None));
+        check!(
+            proxy.response_trailer_filter(s, &mut trailers, &mut ctx),
+            Ok(None)
+        );
         check!(proxy.logging(s, None, &mut ctx), ());
     }
 

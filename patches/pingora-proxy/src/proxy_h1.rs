@@ -1320,18 +1320,12 @@ mod tests {
     /// filtered in place and written downstream whole and in order.
     #[tokio::test]
     async fn a_batch_of_upstream_tasks_is_filtered_and_written_in_order() {
-        use tokio::io::AsyncReadExt;
-
-        let (mut client, server) = tokio::io::duplex(4096);
-        client
-            .write_all(b"GET / HTTP/1.1\r\nHost: example.com\r\n\r\n")
-            .await
-            .expect("test request should be written");
-        let mut session = Session::new_h1(Box::new(server) as pingora_core::protocols::Stream);
-        session
-            .read_request()
-            .await
-            .expect("test request should parse");
+        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut session = crate::tests::new_request_session(
+            b"GET / HTTP/1.1\r\nHost: example.com\r\n\r\n",
+            written.clone(),
+        )
+        .await;
 
         let proxy = HttpProxy::new(MarkAndShout, Arc::new(ServerConf::default()));
         let (tx, mut rx) = mpsc::channel(TASK_BUFFER_SIZE);
@@ -1357,9 +1351,7 @@ mod tests {
             .expect("the tasks are written");
         assert_eq!(done, Some(true));
 
-        drop(session);
-        let mut wire = String::new();
-        client.read_to_string(&mut wire).await.unwrap();
+        let wire = String::from_utf8(written.lock().unwrap().clone()).unwrap();
         let (head, body) = wire.split_once("\r\n\r\n").expect("a head and a body");
         assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{wire:?}");
         assert!(
