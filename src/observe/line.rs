@@ -10,14 +10,13 @@
 //! Phase: the end of a request, only while the access log is on.
 
 use std::borrow::Cow;
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use pingora_proxy::Session;
 
 use super::format::{self, key, Value};
-use super::{api_key, Observer, Record, Verdict, REQUEST_ID_NAME};
+use super::{api_key, digest_peer_ip, Observer, Record, Verdict, REQUEST_ID_NAME};
 use crate::config::{AccessLogFormat, Config, RouteId};
 use crate::fingerprint::{fingerprint, Fingerprint};
 
@@ -152,12 +151,6 @@ fn client_strings<'r>(cfg: &Config, session: &'r Session, rec: &'r Record) -> Cl
     }
 }
 
-/// The peer's address, for a line whose request was refused before identity ran (identity
-/// notes the caller's): asking Pingora for it makes the session's digest.
-fn peer_ip(session: &Session) -> Option<IpAddr> {
-    session.client_addr()?.as_inet().map(|a| a.ip())
-}
-
 /// A config name or fixed word, or none.
 fn safe(v: Option<&str>) -> Value<'_> {
     v.map_or(Value::None, Value::Safe)
@@ -201,7 +194,8 @@ impl Observer {
         };
         let upstream_time = rec.upstream_time.map(|t| Value::Micros(micros(t)));
         let time = Value::Time(started.unwrap_or_else(SystemTime::now));
-        let client_ip = rec.client_ip.or_else(|| peer_ip(session));
+        // The caller's address as identity saw it; the peer's for a request refused before.
+        let client_ip = rec.client_ip.or_else(|| digest_peer_ip(session));
         let client_ip = client_ip.map_or(Value::None, Value::Ip);
         let upstream = rec.upstream.map_or(Value::None, Value::Addr);
         format::line(

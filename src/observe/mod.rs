@@ -54,6 +54,13 @@ enum Verdict {
     Shed,
 }
 
+/// The peer's IP address as Pingora's session digest has it, for a request whose connection
+/// entry is not at hand (or was never made): asking makes the session's digest if nothing has
+/// yet.
+pub fn digest_peer_ip(session: &Session) -> Option<IpAddr> {
+    session.client_addr()?.as_inet().map(|a| a.ip())
+}
+
 /// One request, as observed from start to end. Lives in the request's context.
 #[derive(Debug, Default)]
 pub struct Record {

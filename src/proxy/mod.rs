@@ -29,7 +29,7 @@ use crate::headers;
 use crate::identity::{apply_quotas, identify, Caller};
 use crate::lifecycle::Lifecycle;
 use crate::limit::{Clock, Decision};
-use crate::observe::{self, Observer};
+use crate::observe::{self, digest_peer_ip, Observer};
 use crate::quota::table::Resolved;
 use crate::quota::{self, Quotas};
 use crate::refusal::Refusal;
@@ -420,10 +420,7 @@ impl ProxyHttp for Gateway {
         // session's digest, which Pingora then need not make for this request.
         ctx.peer = match &ctx.peer_text {
             Some((ip, _)) => Some(*ip),
-            None => session
-                .client_addr()
-                .and_then(|a| a.as_inet())
-                .map(|a| a.ip()),
+            None => digest_peer_ip(session),
         };
         // 0. The head: Host, sizes, the path's normal form. 1-4: identity, route, shedding,
         // limits.
