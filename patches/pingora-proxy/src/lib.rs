@@ -93,6 +93,7 @@ mod proxy_h1;
 mod proxy_h2;
 mod proxy_purge;
 mod proxy_trait;
+mod task_pipe;
 pub mod subrequest;
 
 use subrequest::{BodyMode, Ctx as SubrequestCtx};

@@ -18,6 +18,7 @@ use futures::StreamExt;
 use super::*;
 use crate::proxy_cache::{range_filter::RangeBodyFilter, ServeFromCache};
 use crate::proxy_common::*;
+use crate::task_pipe::{PipePermit, PipeReceiver, PipeSender, TaskPipe};
 use pingora_cache::CachePhase;
 use pingora_core::protocols::http::{
     authority::{raw_target_authority, validate_request_authority},
@@ -139,8 +140,11 @@ where
             Err(e) => return (false, false, Some(e)),
         };
 
-        let (tx_upstream, rx_upstream) = mpsc::channel::<HttpTask>(TASK_BUFFER_SIZE);
-        let (tx_downstream, rx_downstream) = mpsc::channel::<HttpTask>(TASK_BUFFER_SIZE);
+        // The pipes of tasks between the two halves, which borrow them (see `task_pipe`).
+        let mut upstream_pipe = TaskPipe::new();
+        let mut downstream_pipe = TaskPipe::new();
+        let (tx_upstream, rx_upstream) = upstream_pipe.ends();
+        let (tx_downstream, rx_downstream) = downstream_pipe.ends();
 
         session.as_mut().enable_retry_buffering();
 
@@ -249,8 +253,8 @@ where
     async fn proxy_handle_upstream(
         &self,
         client_session: &mut HttpSessionV1,
-        tx: mpsc::Sender<HttpTask>,
-        mut rx: mpsc::Receiver<HttpTask>,
+        tx: PipeSender<'_>,
+        mut rx: PipeReceiver<'_>,
         pipe_state: &AtomicU8,
     ) -> Result<bool>
     where
@@ -366,7 +370,7 @@ where
         session: &mut Session,
         ctx: &mut SV::CTX,
         initial_task: HttpTask,
-        rx: &mut mpsc::Receiver<HttpTask>,
+        rx: &mut PipeReceiver<'_>,
         serve_from_cache: &mut ServeFromCache,
         range_body_filter: &mut proxy_cache::range_filter::RangeBodyFilter,
         response_state: &mut ResponseStateMachine,
@@ -385,14 +389,9 @@ where
         // Batch: pull as many tasks as we can from rx
         let mut tasks = Vec::with_capacity(TASK_BUFFER_SIZE);
         tasks.push(initial_task);
-        // tokio::task::unconstrained because now_or_never may yield None when the future is ready
-        while let Some(maybe_task) = tokio::task::unconstrained(rx.recv()).now_or_never() {
-            debug!("upstream event now: {:?}", maybe_task);
-            if let Some(t) = maybe_task {
-                tasks.push(t);
-            } else {
-                break; // upstream closed
-            }
+        while let Some(t) = rx.try_recv() {
+            debug!("upstream event now: {:?}", t);
+            tasks.push(t);
         }
 
         /* run filters before sending to downstream */
@@ -451,8 +450,8 @@ where
     async fn proxy_handle_downstream(
         &self,
         session: &mut Session,
-        tx: mpsc::Sender<HttpTask>,
-        mut rx: mpsc::Receiver<HttpTask>,
+        tx: PipeSender<'_>,
+        mut rx: PipeReceiver<'_>,
         ctx: &mut SV::CTX,
         downstream_custom_message_writer: &mut Option<Box<dyn CustomMessageWrite>>,
         downstream_custom_message_reader: &mut Option<
@@ -1029,7 +1028,7 @@ where
         session: &mut Session,
         mut data: Option<Bytes>,
         end_of_body: bool,
-        tx: mpsc::Permit<'_, HttpTask>,
+        tx: PipePermit<'_>,
         ctx: &mut SV::CTX,
     ) -> Result<bool>
     where
@@ -1328,7 +1327,8 @@ mod tests {
         .await;
 
         let proxy = HttpProxy::new(MarkAndShout, Arc::new(ServerConf::default()));
-        let (tx, mut rx) = mpsc::channel(TASK_BUFFER_SIZE);
+        let mut pipe = TaskPipe::new();
+        let (tx, mut rx) = pipe.ends();
         tx.send(HttpTask::Body(Some(Bytes::from_static(b"hello ")), false))
             .await
             .unwrap();
@@ -1359,5 +1359,117 @@ mod tests {
             "{wire:?}"
         );
         assert_eq!(body, "HELLO WORLD");
+    }
+
+    /// A proxy with no filters of its own.
+    struct Plain;
+
+    #[async_trait]
+    impl ProxyHttp for Plain {
+        type CTX = ();
+
+        fn new_ctx(&self) -> Self::CTX {}
+
+        async fn upstream_peer(
+            &self,
+            _session: &mut Session,
+            _ctx: &mut Self::CTX,
+        ) -> Result<Box<HttpPeer>> {
+            unreachable!("test calls proxy_1to1 directly")
+        }
+    }
+
+    /// Read from `stream` until it has given a head and `body_len` bytes after it: the head,
+    /// and the body.
+    async fn read_message(
+        stream: &mut tokio::io::DuplexStream,
+        body_len: usize,
+    ) -> (String, Vec<u8>) {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        let mut head_len = None;
+        while head_len.is_none_or(|h| got.len() < h + body_len) {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the message ended early");
+            got.extend_from_slice(&buf[..n]);
+            if head_len.is_none() {
+                head_len = got.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
+            }
+        }
+        let body = got.split_off(head_len.unwrap());
+        (String::from_utf8(got).unwrap(), body)
+    }
+
+    /// A request body and a response body many times what the task pipes hold cross a proxied
+    /// request whole and in order, while each connection takes and gives a kilobyte at a time,
+    /// so each pipe fills and its sender waits for room again and again.
+    #[tokio::test]
+    async fn bodies_larger_than_the_task_pipes_cross_whole_and_in_order() {
+        let request_body: Vec<u8> = (0..1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+        let response_body: Vec<u8> = (0..1024 * 1024u32).map(|i| (i % 241) as u8).collect();
+
+        let (server_end, mut client) = tokio::io::duplex(1024);
+        let sent = request_body.clone();
+        let want = response_body.len();
+        let downstream = tokio::spawn(async move {
+            let head = format!(
+                "POST /upload HTTP/1.1\r\nHost: example.com\r\nContent-Length: {}\r\n\r\n",
+                sent.len()
+            );
+            client.write_all(head.as_bytes()).await.unwrap();
+            for piece in sent.chunks(1000) {
+                client.write_all(piece).await.unwrap();
+            }
+            read_message(&mut client, want).await
+        });
+        let mut session = Session::new_h1(Box::new(server_end));
+        assert!(session.read_request().await.unwrap());
+
+        let (proxy_end, mut upstream_end) = tokio::io::duplex(1024);
+        let mut client_session = HttpSessionV1::new(Box::new(proxy_end));
+        let answer = response_body.clone();
+        let want = request_body.len();
+        let upstream = tokio::spawn(async move {
+            let got = read_message(&mut upstream_end, want).await;
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                answer.len()
+            );
+            upstream_end.write_all(head.as_bytes()).await.unwrap();
+            for piece in answer.chunks(1000) {
+                upstream_end.write_all(piece).await.unwrap();
+            }
+            got
+        });
+
+        let proxy = HttpProxy::new(Plain, Arc::new(ServerConf::default()));
+        let peer = HttpPeer::new("127.0.0.1:80", false, String::new());
+        let (downstream_reuse, upstream_reuse, error) = proxy
+            .proxy_1to1(&mut session, &mut client_session, &peer, &mut ())
+            .await;
+        assert!(error.is_none(), "{error:?}");
+        assert!(downstream_reuse && upstream_reuse);
+
+        let (request_head, upstream_got) = upstream.await.unwrap();
+        assert!(
+            request_head.starts_with("POST /upload HTTP/1.1\r\n"),
+            "{request_head}"
+        );
+        assert_eq!(upstream_got.len(), request_body.len());
+        assert!(
+            upstream_got == request_body,
+            "the request body arrived changed"
+        );
+        let (response_head, downstream_got) = downstream.await.unwrap();
+        assert!(
+            response_head.starts_with("HTTP/1.1 200 OK\r\n"),
+            "{response_head}"
+        );
+        assert_eq!(downstream_got.len(), response_body.len());
+        assert!(
+            downstream_got == response_body,
+            "the response body arrived changed"
+        );
     }
 }
