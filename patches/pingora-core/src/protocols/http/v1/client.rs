@@ -31,6 +31,16 @@ use crate::protocols::http::HttpTask;
 use crate::protocols::{Digest, SocketAddr, Stream, UniqueID, UniqueIDType};
 use crate::utils::BufRef;
 
+/// How a response's body is framed, as its header says (RFC 9112 section 6.3), where its
+/// status and the request leave that to the header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Chunked,
+    Length(usize),
+    /// Read until the connection closes.
+    Close,
+}
+
 /// The HTTP 1.x client session
 pub struct HttpSession {
     buf: Bytes,
@@ -206,33 +216,47 @@ impl HttpSession {
     }
 
     // Validate the response header read. This function must be called after the response header
-    // read.
-    fn validate_response(&self) -> Result<()> {
+    // read. `transfer_encoding`: whether the last Transfer-Encoding value ends in chunked, if
+    // there is one. Returns how the body is framed when the status and the request leave that
+    // to the header (see `init_body_reader`).
+    fn validate_response(&self, transfer_encoding: Option<bool>) -> Result<Framing> {
         let resp_header = self
             .response_header
             .as_ref()
             .expect("response header must be read");
+
+        // HTTP/1: Transfer-Encoding takes precedence over Content-Length, which is already
+        // removed when Transfer-Encoding is present.
+        if let Some(chunked) = transfer_encoding {
+            return Ok(if chunked {
+                Framing::Chunked
+            } else {
+                Framing::Close
+            });
+        }
 
         // Validate/reconcile Content-Length per RFC 9110 section 8.6 (hyper
         // parity): identical duplicates and comma-combined identical values are
         // accepted and collapsed. Conflicting or duplicate values are always an
         // unrecoverable framing error. A peer may opt to tolerate a single,
         // otherwise-invalid value and treat the response as close-delimited.
-        // Note: Content-Length is already removed if Transfer-Encoding is present.
-        if let Err(e) = super::common::validate_content_length(&resp_header.headers) {
-            if self.allow_h1_response_invalid_content_length
-                && super::common::content_length_is_single_token(&resp_header.headers)
-            {
-                debug!(
-                    "tolerating invalid Content-Length ({e}); \
-                     treating response as close-delimited"
-                );
-            } else {
-                return Err(e);
+        match content_length_for_framing(&resp_header.headers) {
+            Ok(Some(cl)) => Ok(Framing::Length(cl)),
+            Ok(None) => Ok(Framing::Close),
+            Err(e) => {
+                if self.allow_h1_response_invalid_content_length
+                    && super::common::content_length_is_single_token(&resp_header.headers)
+                {
+                    debug!(
+                        "tolerating invalid Content-Length ({e}); \
+                         treating response as close-delimited"
+                    );
+                    Ok(Framing::Close)
+                } else {
+                    Err(e)
+                }
             }
         }
-
-        Ok(())
     }
 
     fn clear_response_header_read_state(&mut self) {
@@ -328,16 +352,21 @@ impl HttpSession {
                             }
                         }
 
-                        let contains_transfer_encoding = response_header
+                        // One look-up of Transfer-Encoding serves both whether it is there
+                        // and whether it ends in chunked.
+                        let transfer_encoding = response_header
                             .headers
-                            .contains_key(header::TRANSFER_ENCODING);
-                        let contains_content_length =
-                            response_header.headers.contains_key(header::CONTENT_LENGTH);
+                            .get_all(header::TRANSFER_ENCODING)
+                            .iter()
+                            .next_back()
+                            .map(is_chunked_encoding_value);
 
                         // Transfer encoding overrides content length, so when
                         // both are present, we MUST remove content length. This is
                         // https://datatracker.ietf.org/doc/html/rfc9112#section-6.3-2.3
-                        if contains_content_length && contains_transfer_encoding {
+                        if transfer_encoding.is_some()
+                            && response_header.headers.contains_key(header::CONTENT_LENGTH)
+                        {
                             response_header.remove_header(&header::CONTENT_LENGTH);
                         }
 
@@ -345,9 +374,10 @@ impl HttpSession {
                         self.preread_body = Some(BufRef(s, total_read));
                         self.buf = buf;
                         self.response_header = Some(response_header);
-                        if let Err(e) = self.validate_response() {
-                            return self.fail_response_header_read(e);
-                        }
+                        let framing = match self.validate_response(transfer_encoding) {
+                            Ok(framing) => framing,
+                            Err(e) => return self.fail_response_header_read(e),
+                        };
                         // convert to upgrade body type
                         // https://datatracker.ietf.org/doc/html/rfc9110#status.101
                         // as an "informational" header, this cannot have a body
@@ -357,7 +387,7 @@ impl HttpSession {
                         // init body reader if upgrade status has changed body mode
                         // (read_response_task will immediately try to init body afterwards anyways)
                         // informational headers will automatically avoid initializing body reader
-                        self.init_body_reader();
+                        self.init_body_reader_framed(Some(framing));
                         // note that the (request) body writer is converted to close delimit
                         // when the upgraded body tasks are received
                         return Ok(s);
@@ -696,6 +726,12 @@ impl HttpSession {
     }
 
     fn init_body_reader(&mut self) {
+        self.init_body_reader_framed(None)
+    }
+
+    /// [`Self::init_body_reader`], with the framing the response header gives, if it is known
+    /// already (as `validate_response` found it).
+    fn init_body_reader_framed(&mut self, framing: Option<Framing>) {
         if self.body_reader.need_init() {
             // follow https://datatracker.ietf.org/doc/html/rfc9112#section-6.3
             let preread_body = self.preread_body.as_ref().unwrap().get(&self.buf[..]);
@@ -725,18 +761,31 @@ impl HttpSession {
                 }
             }
 
-            if upgraded {
-                self.body_reader.init_close_delimited(preread_body);
-                self.close_delimited_resp = true;
-            } else if self.is_chunked_encoding() {
-                // if chunked encoding, content-length should be ignored
-                self.body_reader.init_chunked(preread_body);
-            } else if let Some(cl) = self.get_content_length().unwrap_or(None) {
-                self.body_reader.init_content_length(cl, preread_body);
+            let framing = if upgraded {
+                Framing::Close
             } else {
-                self.body_reader.init_close_delimited(preread_body);
-                self.close_delimited_resp = true;
+                framing.unwrap_or_else(|| self.framing())
+            };
+            match framing {
+                // if chunked encoding, content-length should be ignored
+                Framing::Chunked => self.body_reader.init_chunked(preread_body),
+                Framing::Length(cl) => self.body_reader.init_content_length(cl, preread_body),
+                Framing::Close => {
+                    self.body_reader.init_close_delimited(preread_body);
+                    self.close_delimited_resp = true;
+                }
             }
+        }
+    }
+
+    /// How the response header frames the body.
+    fn framing(&self) -> Framing {
+        if self.is_chunked_encoding() {
+            Framing::Chunked
+        } else if let Some(cl) = self.get_content_length().unwrap_or(None) {
+            Framing::Length(cl)
+        } else {
+            Framing::Close
         }
     }
 
@@ -1518,6 +1567,64 @@ mod tests_stream {
         let res = http_stream.read_response().await;
         assert!(res.is_err());
         assert_eq!(res.unwrap_err().etype(), &ErrorType::InvalidHTTPHeader);
+    }
+
+    /// The framing read once with the head, which initializes the body reader, is the one the
+    /// header as kept gives when it is worked out again from it, for every way a head frames
+    /// its body.
+    #[tokio::test]
+    async fn the_framing_read_with_the_head_is_the_one_its_header_gives() {
+        init_log();
+        let cases = [
+            ("Content-Length: 5\r\n", false, Framing::Length(5)),
+            ("Content-Length: 0\r\n", false, Framing::Length(0)),
+            ("Content-Length: 5, 5\r\n", false, Framing::Length(5)),
+            (
+                "Content-Length: 5\r\nContent-Length: 5\r\n",
+                false,
+                Framing::Length(5),
+            ),
+            ("Transfer-Encoding: chunked\r\n", false, Framing::Chunked),
+            ("Transfer-Encoding: CHUNKED\r\n", false, Framing::Chunked),
+            (
+                "Transfer-Encoding: gzip, chunked\r\nContent-Length: 5\r\n",
+                false,
+                Framing::Chunked,
+            ),
+            (
+                "Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n",
+                false,
+                Framing::Close,
+            ),
+            (
+                "Transfer-Encoding: gzip\r\nContent-Length: 5\r\n",
+                false,
+                Framing::Close,
+            ),
+            ("Server: test\r\n", false, Framing::Close),
+            ("Content-Length: abc\r\n", true, Framing::Close),
+        ];
+        for (fields, tolerate, want) in cases {
+            let input = format!("HTTP/1.1 200 OK\r\n{fields}\r\n");
+            let mock_io = Builder::new().read(input.as_bytes()).build();
+            let mut http_stream = HttpSession::new(Box::new(mock_io));
+            http_stream.set_allow_h1_response_invalid_content_length(tolerate);
+            http_stream.read_response().await.unwrap();
+            let read = match http_stream.body_reader.body_state {
+                ParseState::Chunked(..) => Framing::Chunked,
+                ParseState::Partial(0, n) => Framing::Length(n),
+                ParseState::Complete(0) => Framing::Length(0),
+                ParseState::UntilClose(0) => Framing::Close,
+                other => panic!("{fields:?}: body reader in {other:?}"),
+            };
+            assert_eq!(read, want, "{fields:?}");
+            assert_eq!(http_stream.framing(), want, "{fields:?}");
+            assert_eq!(
+                http_stream.close_delimited_resp,
+                want == Framing::Close,
+                "{fields:?}"
+            );
+        }
     }
 
     #[rstest]

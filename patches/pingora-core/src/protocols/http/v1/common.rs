@@ -172,11 +172,12 @@ pub(crate) fn is_chunked_encoding_from_headers(headers: &HMap) -> bool {
         .into_iter()
         .next_back();
 
-    let Some(last_header_value) = last_te else {
-        return false;
-    };
+    last_te.is_some_and(is_chunked_encoding_value)
+}
 
-    let bytes = last_header_value.as_bytes();
+/// Whether the last `Transfer-Encoding` field value, `last`, ends in `chunked`.
+pub(crate) fn is_chunked_encoding_value(last: &HeaderValue) -> bool {
+    let bytes = last.as_bytes();
 
     // Fast path: exact match for "chunked"
     if bytes.eq_ignore_ascii_case(b"chunked") {
@@ -418,8 +419,11 @@ pub(crate) fn content_length_for_framing(headers: &HMap) -> Result<Option<usize>
 /// HTTP/2 does not use `Content-Length` for framing, but reconciling it here
 /// keeps the H2 and downgraded-H1 paths consistent and rejects genuinely
 /// ambiguous values before they cross a proxy boundary.
-pub(crate) fn validate_content_length(headers: &HMap) -> Result<()> {
-    if headers.get(header::TRANSFER_ENCODING).is_some() {
+///
+/// `has_transfer_encoding`: whether `headers` has a `Transfer-Encoding` field (the callers
+/// have looked already).
+pub(crate) fn validate_content_length(headers: &HMap, has_transfer_encoding: bool) -> Result<()> {
+    if has_transfer_encoding {
         // HTTP/1: Transfer-Encoding takes precedence over Content-Length.
         return Ok(());
     }
@@ -464,35 +468,40 @@ mod test {
     };
     use rstest::rstest;
 
+    /// `validate_content_length`, looking for Transfer-Encoding as its callers do.
+    fn validate(headers: &HMap) -> Result<()> {
+        validate_content_length(headers, headers.contains_key(TRANSFER_ENCODING))
+    }
+
     #[test]
     fn test_validate_content_length() {
         let mut headers = HMap::new();
 
         // no CL header is fine
-        assert!(validate_content_length(&headers).is_ok());
+        assert!(validate(&headers).is_ok());
 
         // a single valid CL is fine
         headers.append(CONTENT_LENGTH, "1".try_into().unwrap());
-        assert!(validate_content_length(&headers).is_ok());
+        assert!(validate(&headers).is_ok());
 
         // an identical duplicate is reconciled to a single value (RFC 9110 8.6)
         headers.append(CONTENT_LENGTH, "1".try_into().unwrap());
-        assert!(validate_content_length(&headers).is_ok());
+        assert!(validate(&headers).is_ok());
 
         // a differing duplicate is an unrecoverable framing error
         headers.append(CONTENT_LENGTH, "2".try_into().unwrap());
-        assert!(validate_content_length(&headers).is_err());
+        assert!(validate(&headers).is_err());
 
         // Transfer-Encoding overrides Content-Length, so CL is ignored
         headers.append(TRANSFER_ENCODING, "chunked".try_into().unwrap());
-        assert!(validate_content_length(&headers).is_ok());
+        assert!(validate(&headers).is_ok());
     }
 
     #[test]
     fn test_validate_content_length_invalid_value() {
         let mut headers = HMap::new();
         headers.insert(CONTENT_LENGTH, "not-a-number".try_into().unwrap());
-        assert!(validate_content_length(&headers).is_err());
+        assert!(validate(&headers).is_err());
     }
 
     #[test]

@@ -406,8 +406,6 @@ impl HttpSession {
 
                         let contains_transfer_encoding =
                             request_header.headers.contains_key(TRANSFER_ENCODING);
-                        let contains_content_length =
-                            request_header.headers.contains_key(CONTENT_LENGTH);
 
                         // Transfer encoding overrides content length, so when
                         // both are present, we can remove content length. This
@@ -415,8 +413,8 @@ impl HttpSession {
                         //
                         // RFC 9112 Section 6.1 (https://datatracker.ietf.org/doc/html/rfc9112#section-6.1-15)
                         // also requires us to disable keepalive when both headers are present.
-                        let has_both_te_and_cl =
-                            contains_content_length && contains_transfer_encoding;
+                        let has_both_te_and_cl = contains_transfer_encoding
+                            && request_header.headers.contains_key(CONTENT_LENGTH);
                         if has_both_te_and_cl {
                             request_header.remove_header(&CONTENT_LENGTH);
                         }
@@ -434,7 +432,7 @@ impl HttpSession {
                         if has_both_te_and_cl {
                             self.set_keepalive(None);
                         }
-                        self.validate_request()?;
+                        self.validate_request_framed(contains_transfer_encoding)?;
 
                         return Ok(Some(s));
                     }
@@ -490,6 +488,13 @@ impl HttpSession {
     /// # Panics
     /// this function and most other functions will panic if called before [`Self::read_request()`]
     pub fn validate_request(&self) -> Result<()> {
+        let contains_transfer_encoding = self.req_header().headers.contains_key(TRANSFER_ENCODING);
+        self.validate_request_framed(contains_transfer_encoding)
+    }
+
+    /// [`Self::validate_request`], told whether the request has a Transfer-Encoding field
+    /// (`read_request` has looked already).
+    fn validate_request_framed(&self, contains_transfer_encoding: bool) -> Result<()> {
         let req_header = self.req_header();
 
         // Reject an ambiguous authority before anything routes on it.
@@ -499,9 +504,9 @@ impl HttpSession {
         // parity): identical duplicates and comma-combined identical values are
         // accepted and collapsed; differing or unparseable values are rejected.
         // This is a no-op when Transfer-Encoding is present (TE overrides CL).
-        super::common::validate_content_length(&req_header.headers)?;
+        super::common::validate_content_length(&req_header.headers, contains_transfer_encoding)?;
 
-        if req_header.headers.contains_key(TRANSFER_ENCODING) {
+        if contains_transfer_encoding {
             // Per [RFC 9112 Section 6.1-16](https://datatracker.ietf.org/doc/html/rfc9112#section-6.1-16),
             // HTTP/1.0 requests with Transfer-Encoding MUST be treated as having faulty framing.
             // We reject with 400 Bad Request and close the connection.
