@@ -1445,9 +1445,12 @@ mod tests {
 
         let proxy = HttpProxy::new(Plain, Arc::new(ServerConf::default()));
         let peer = HttpPeer::new("127.0.0.1:80", false, String::new());
-        let (downstream_reuse, upstream_reuse, error) = proxy
-            .proxy_1to1(&mut session, &mut client_session, &peer, &mut ())
-            .await;
+        let (downstream_reuse, upstream_reuse, error) = tokio::time::timeout(
+            Duration::from_secs(10),
+            proxy.proxy_1to1(&mut session, &mut client_session, &peer, &mut ()),
+        )
+        .await
+        .expect("the proxied request ends");
         assert!(error.is_none(), "{error:?}");
         assert!(downstream_reuse && upstream_reuse);
 
@@ -1471,5 +1474,75 @@ mod tests {
             downstream_got == response_body,
             "the response body arrived changed"
         );
+    }
+
+    /// An upgraded connection carries bytes both ways through the task pipes, and the proxied
+    /// request ends when the client closes its connection.
+    #[tokio::test]
+    async fn an_upgraded_connection_carries_bytes_both_ways_and_ends_when_the_client_closes() {
+        use tokio::io::AsyncReadExt;
+
+        let (server_end, mut client) = tokio::io::duplex(1024);
+        let downstream = tokio::spawn(async move {
+            client
+                .write_all(
+                    b"GET /chat HTTP/1.1\r\nHost: example.com\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+                )
+                .await
+                .unwrap();
+            let (head, _) = read_message(&mut client, 0).await;
+            client.write_all(b"ping-from-client").await.unwrap();
+            let mut pong = [0u8; 18];
+            client.read_exact(&mut pong).await.unwrap();
+            // The client closes its connection.
+            drop(client);
+            (head, pong.to_vec())
+        });
+        let mut session = Session::new_h1(Box::new(server_end));
+        assert!(session.read_request().await.unwrap());
+
+        let (proxy_end, mut upstream_end) = tokio::io::duplex(1024);
+        let mut client_session = HttpSessionV1::new(Box::new(proxy_end));
+        let upstream = tokio::spawn(async move {
+            let (head, _) = read_message(&mut upstream_end, 0).await;
+            upstream_end
+                .write_all(
+                    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+                )
+                .await
+                .unwrap();
+            let mut ping = [0u8; 16];
+            upstream_end.read_exact(&mut ping).await.unwrap();
+            upstream_end.write_all(b"pong-from-upstream").await.unwrap();
+            (head, ping.to_vec(), upstream_end)
+        });
+
+        let proxy = HttpProxy::new(Plain, Arc::new(ServerConf::default()));
+        let peer = HttpPeer::new("127.0.0.1:80", false, String::new());
+        let (downstream_reuse, upstream_reuse, error) = tokio::time::timeout(
+            Duration::from_secs(10),
+            proxy.proxy_1to1(&mut session, &mut client_session, &peer, &mut ()),
+        )
+        .await
+        .expect("the proxied request ends");
+        assert!(error.is_none(), "{error:?}");
+        // As with the release's channels: whether the connections are kept is the sessions'
+        // call, and an upgrade turns their keep-alive off.
+        assert_eq!((downstream_reuse, upstream_reuse), (true, true));
+        assert_eq!(session.as_mut().get_keepalive(), None);
+        assert!(!client_session.will_keepalive());
+
+        let (request_head, ping, _upstream_end) = upstream.await.unwrap();
+        assert!(
+            request_head.starts_with("GET /chat HTTP/1.1\r\n"),
+            "{request_head}"
+        );
+        assert_eq!(ping, b"ping-from-client");
+        let (response_head, pong) = downstream.await.unwrap();
+        assert!(
+            response_head.starts_with("HTTP/1.1 101 Switching Protocols\r\n"),
+            "{response_head}"
+        );
+        assert_eq!(pong, b"pong-from-upstream");
     }
 }
