@@ -381,9 +381,11 @@ impl HttpSession {
                         // convert to upgrade body type
                         // https://datatracker.ietf.org/doc/html/rfc9110#status.101
                         // as an "informational" header, this cannot have a body
-                        self.upgraded = self
-                            .is_upgrade(self.response_header.as_deref().expect("init above"))
-                            .unwrap_or(false);
+                        // (`is_upgrade(..) == Some(true)`, looking at the request's Upgrade
+                        // field only for a 101)
+                        self.upgraded =
+                            is_upgrade_resp(self.response_header.as_deref().expect("init above"))
+                                && self.is_upgrade_req();
                         // init body reader if upgrade status has changed body mode
                         // (read_response_task will immediately try to init body afterwards anyways)
                         // informational headers will automatically avoid initializing body reader
@@ -794,17 +796,6 @@ impl HttpSession {
         match self.request_written.as_deref() {
             Some(req) => is_upgrade_req(req),
             None => false,
-        }
-    }
-
-    /// `Some(true)` if the this is a successful upgrade
-    /// `Some(false)` if the request is an upgrade but the response refuses it
-    /// `None` if the request is not an upgrade.
-    fn is_upgrade(&self, header: &ResponseHeader) -> Option<bool> {
-        if self.is_upgrade_req() {
-            Some(is_upgrade_resp(header))
-        } else {
-            None
         }
     }
 

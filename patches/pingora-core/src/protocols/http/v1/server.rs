@@ -879,7 +879,14 @@ impl HttpSession {
         // of the request
         if header.status == 101 || !header.status.is_informational() {
             // reset request body to done for incomplete upgrade handshakes
-            if let Some(upgrade_ok) = self.is_upgrade(header) {
+            // `self.is_upgrade(header)`, looking at the request's Upgrade field only for a 101
+            // (or to say that a handshake failed when that is logged).
+            let upgrade = if is_upgrade_resp(header) || log::log_enabled!(log::Level::Debug) {
+                self.is_upgrade(header)
+            } else {
+                None
+            };
+            if let Some(upgrade_ok) = upgrade {
                 if upgrade_ok {
                     debug!("ok upgrade handshake");
                     // For ws we use HTTP1_0 do_read_body_until_closed
@@ -957,7 +964,8 @@ impl HttpSession {
             return;
         }
 
-        if self.is_upgrade(header) == Some(true) {
+        // `self.is_upgrade(header) == Some(true)`, looking at the request only for a 101.
+        if is_upgrade_resp(header) && self.is_upgrade_req() {
             self.body_writer.init_close_delimited();
         } else {
             init_body_writer_comm(&mut self.body_writer, &header.headers);
@@ -2433,6 +2441,46 @@ mod tests_stream {
         let mut http_stream = HttpSession::new(Box::new(mock_io));
         http_stream.read_request().await.unwrap();
         http_stream
+    }
+
+    /// Only a 101 to a request that asked for an upgrade upgrades the session and passes the
+    /// response body through until close; a 200 to such a request, and a 101 to a plain one,
+    /// are framed by their headers as any other response.
+    #[tokio::test]
+    async fn only_a_101_to_an_upgrade_request_upgrades_the_session() {
+        // (the request asks for an upgrade, the status, upgraded, close-delimited body)
+        let cases = [
+            (true, 101, true, true),
+            (true, 200, false, false),
+            (false, 101, false, true),
+            (false, 200, false, false),
+        ];
+        for (asks, status, upgraded, close_delimited) in cases {
+            let mut session = if asks {
+                build_upgrade_req("websocket", "Upgrade").await
+            } else {
+                let input = b"GET / HTTP/1.1\r\nHost: pingora.org\r\n\r\n";
+                let mock_io = Builder::new().read(&input[..]).build();
+                let mut session = HttpSession::new(Box::new(mock_io));
+                session.read_request().await.unwrap();
+                session
+            };
+            let mut resp = ResponseHeader::build(status, None).unwrap();
+            if status == 200 {
+                resp.insert_header("Content-Length", "0").unwrap();
+            }
+            assert!(session
+                .prepare_response_header(&mut resp)
+                .unwrap()
+                .is_some());
+            let case = format!("asks: {asks}, status: {status}");
+            assert_eq!(session.was_upgraded(), upgraded, "{case}");
+            assert_eq!(
+                session.body_writer.is_close_delimited(),
+                close_delimited,
+                "{case}"
+            );
+        }
     }
 
     #[tokio::test]
