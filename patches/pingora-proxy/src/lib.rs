@@ -1990,7 +1990,8 @@ mod tests {
         .await
     }
 
-    struct DefaultRetryProxy;
+    /// A proxy with no filters of its own.
+    pub(crate) struct DefaultRetryProxy;
 
     #[async_trait]
     impl ProxyHttp for DefaultRetryProxy {

@@ -1361,24 +1361,6 @@ mod tests {
         assert_eq!(body, "HELLO WORLD");
     }
 
-    /// A proxy with no filters of its own.
-    struct Plain;
-
-    #[async_trait]
-    impl ProxyHttp for Plain {
-        type CTX = ();
-
-        fn new_ctx(&self) -> Self::CTX {}
-
-        async fn upstream_peer(
-            &self,
-            _session: &mut Session,
-            _ctx: &mut Self::CTX,
-        ) -> Result<Box<HttpPeer>> {
-            unreachable!("test calls proxy_1to1 directly")
-        }
-    }
-
     /// Read from `stream` until it has given a head and `body_len` bytes after it: the head,
     /// and the body.
     async fn read_message(
@@ -1443,7 +1425,10 @@ mod tests {
             got
         });
 
-        let proxy = HttpProxy::new(Plain, Arc::new(ServerConf::default()));
+        let proxy = HttpProxy::new(
+            crate::tests::DefaultRetryProxy,
+            Arc::new(ServerConf::default()),
+        );
         let peer = HttpPeer::new("127.0.0.1:80", false, String::new());
         let (downstream_reuse, upstream_reuse, error) = tokio::time::timeout(
             Duration::from_secs(10),
@@ -1517,7 +1502,10 @@ mod tests {
             (head, ping.to_vec(), upstream_end)
         });
 
-        let proxy = HttpProxy::new(Plain, Arc::new(ServerConf::default()));
+        let proxy = HttpProxy::new(
+            crate::tests::DefaultRetryProxy,
+            Arc::new(ServerConf::default()),
+        );
         let peer = HttpPeer::new("127.0.0.1:80", false, String::new());
         let (downstream_reuse, upstream_reuse, error) = tokio::time::timeout(
             Duration::from_secs(10),
