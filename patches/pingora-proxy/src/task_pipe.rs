@@ -170,7 +170,7 @@ impl fmt::Debug for PipePermit<'_> {
     }
 }
 
-impl<'a> PipeSender<'a> {
+impl PipeSender<'_> {
     /// Send `task`, waiting for a free slot. Fails, dropping the task, once the receiver is
     /// gone.
     pub(crate) async fn send(&self, task: HttpTask) -> Result<(), PipeClosed> {
@@ -178,8 +178,10 @@ impl<'a> PipeSender<'a> {
         Ok(())
     }
 
-    /// Reserve a slot, waiting for one to be free. Fails once the receiver is gone.
-    pub(crate) async fn reserve(&self) -> Result<PipePermit<'a>, PipeClosed> {
+    /// Reserve a slot, waiting for one to be free. Fails once the receiver is gone. The permit
+    /// borrows the sender, so the sender outlives every permit (as with tokio's channel): a
+    /// receiver told that the sender is gone gets no task after that.
+    pub(crate) async fn reserve(&self) -> Result<PipePermit<'_>, PipeClosed> {
         poll_fn(|cx| {
             let mut inner = self.pipe.lock();
             if !inner.receiver_alive {
@@ -196,7 +198,7 @@ impl<'a> PipeSender<'a> {
     }
 
     /// Reserve a slot if one is free now.
-    pub(crate) fn try_reserve(&self) -> Result<PipePermit<'a>, TryReserveError> {
+    pub(crate) fn try_reserve(&self) -> Result<PipePermit<'_>, TryReserveError> {
         let mut inner = self.pipe.lock();
         if !inner.receiver_alive {
             Err(TryReserveError::Closed)
