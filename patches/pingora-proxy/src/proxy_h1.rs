@@ -1383,6 +1383,25 @@ mod tests {
         (String::from_utf8(got).unwrap(), body)
     }
 
+    /// `proxy_1to1` of a proxy with no filters, bounded by 10 seconds: whether each side's
+    /// connection can be reused, and the error.
+    async fn proxy_once(
+        session: &mut Session,
+        client_session: &mut HttpSessionV1,
+    ) -> (bool, bool, Option<Box<Error>>) {
+        let proxy = HttpProxy::new(
+            crate::tests::DefaultRetryProxy,
+            Arc::new(ServerConf::default()),
+        );
+        let peer = HttpPeer::new("127.0.0.1:80", false, String::new());
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            proxy.proxy_1to1(session, client_session, &peer, &mut ()),
+        )
+        .await
+        .expect("the proxied request ends")
+    }
+
     /// A request body and a response body many times what the task pipes hold cross a proxied
     /// request whole and in order, while each connection takes and gives a kilobyte at a time,
     /// so each pipe fills and its sender waits for room again and again.
@@ -1425,17 +1444,8 @@ mod tests {
             got
         });
 
-        let proxy = HttpProxy::new(
-            crate::tests::DefaultRetryProxy,
-            Arc::new(ServerConf::default()),
-        );
-        let peer = HttpPeer::new("127.0.0.1:80", false, String::new());
-        let (downstream_reuse, upstream_reuse, error) = tokio::time::timeout(
-            Duration::from_secs(10),
-            proxy.proxy_1to1(&mut session, &mut client_session, &peer, &mut ()),
-        )
-        .await
-        .expect("the proxied request ends");
+        let (downstream_reuse, upstream_reuse, error) =
+            proxy_once(&mut session, &mut client_session).await;
         assert!(error.is_none(), "{error:?}");
         assert!(downstream_reuse && upstream_reuse);
 
@@ -1502,17 +1512,8 @@ mod tests {
             (head, ping.to_vec(), upstream_end)
         });
 
-        let proxy = HttpProxy::new(
-            crate::tests::DefaultRetryProxy,
-            Arc::new(ServerConf::default()),
-        );
-        let peer = HttpPeer::new("127.0.0.1:80", false, String::new());
-        let (downstream_reuse, upstream_reuse, error) = tokio::time::timeout(
-            Duration::from_secs(10),
-            proxy.proxy_1to1(&mut session, &mut client_session, &peer, &mut ()),
-        )
-        .await
-        .expect("the proxied request ends");
+        let (downstream_reuse, upstream_reuse, error) =
+            proxy_once(&mut session, &mut client_session).await;
         assert!(error.is_none(), "{error:?}");
         // As with the release's channels: whether the connections are kept is the sessions'
         // call, and an upgrade turns their keep-alive off.
