@@ -27,11 +27,13 @@ const OUTPUT_TAIL: usize = 16_000;
 /// The `tollgate` binary of this build.
 pub const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
+/// Ports handed out by [`free_port`] and [`free_port_with`] in this test binary.
+static HANDED_OUT: parking_lot::Mutex<BTreeSet<u16>> = parking_lot::Mutex::new(BTreeSet::new());
+
 /// A free TCP port on 127.0.0.1 (bound, read, released: the caller retries if it is gone),
 /// never one this test process was handed before: the kernel may give the same port to two
 /// binds in a row, which once put a gateway's proxy and admin listener on one port.
 pub fn free_port() -> u16 {
-    static HANDED_OUT: parking_lot::Mutex<BTreeSet<u16>> = parking_lot::Mutex::new(BTreeSet::new());
     for _ in 0..1000 {
         let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .expect("bind 127.0.0.1:0")
@@ -43,6 +45,23 @@ pub fn free_port() -> u16 {
         }
     }
     panic!("no port that was not handed out before, in 1000 binds");
+}
+
+/// A free loopback port whose port + `offset` is free too (a Redis Cluster node's bus port),
+/// neither handed out before.
+pub fn free_port_with(offset: u16) -> u16 {
+    for _ in 0..1000 {
+        let port = free_port();
+        let Some(other) = port.checked_add(offset) else {
+            continue;
+        };
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, other)).is_ok()
+            && HANDED_OUT.lock().insert(other)
+        {
+            return port;
+        }
+    }
+    panic!("no port with port + {offset} free too, in 1000 tries");
 }
 
 pub fn loopback(port: u16) -> SocketAddr {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 use tollgate::store::CounterKey;
 
-use super::process::{free_port, Proc};
+use super::process::{free_port, free_port_with, Proc};
 use super::wait::eventually;
 
 const INSTALL: &str = "redis-server, redis-sentinel and redis-cli are needed: run scripts/setup.sh or `apt-get install -y redis-server redis-sentinel redis-tools`";
@@ -42,13 +42,20 @@ pub fn cli(port: u16, args: &[&str]) -> String {
         .unwrap_or_else(|stderr| panic!("redis-cli {args:?} on port {port} failed: {stderr}"))
 }
 
-/// Wait (blocking, at most 10 s) until the server at `port` answers PING.
-fn wait_ping(port: u16) {
+/// Wait (blocking, at most 10 s) until the server at `port` answers PING: `true`, or `false`
+/// when `proc` exited first (a port it needs was taken).
+fn wait_ping(port: u16, proc: &mut Proc) -> bool {
     eventually(
         format!("redis on port {port} answers PING"),
         Duration::from_secs(10),
     )
-    .holds_blocking(|| try_cli(port, &["PING"]).is_ok_and(|pong| pong == "PONG"))
+    .holds_blocking(|| {
+        if try_cli(port, &["PING"]).is_ok_and(|pong| pong == "PONG") {
+            Some(true)
+        } else {
+            proc.exited().map(|_| false)
+        }
+    })
 }
 
 /// The base key of limit `limit` with key parts `parts` under `prefix` (see
@@ -71,27 +78,49 @@ impl RedisServer {
         Self::start_with(&[])
     }
 
-    /// Start with extra `--name value` arguments.
+    /// Start with extra `--name value` arguments. A cluster node also listens on its port +
+    /// 10000 (the cluster bus), which is checked free too; a server that exits because a
+    /// port of its was taken meanwhile (by any socket on the machine) is started again on
+    /// new ones, up to three times.
     pub fn start_with(extra: &[&str]) -> Self {
-        let mut s = RedisServer {
-            port: free_port(),
-            proc: None,
-            extra: extra.iter().map(|a| a.to_string()).collect(),
-            dir: tempfile::tempdir().expect("tempdir"),
-        };
-        s.spawn();
-        s
+        let bus = extra.contains(&"--cluster-enabled");
+        for _ in 0..3 {
+            let mut s = RedisServer {
+                port: if bus {
+                    free_port_with(10_000)
+                } else {
+                    free_port()
+                },
+                proc: None,
+                extra: extra.iter().map(|a| a.to_string()).collect(),
+                dir: tempfile::tempdir().expect("tempdir"),
+            };
+            if s.try_spawn() {
+                return s;
+            }
+        }
+        panic!("redis-server exited at start three times (its ports taken?)")
     }
 
     fn spawn(&mut self) {
+        assert!(
+            self.try_spawn(),
+            "redis-server :{} exited at start: {}",
+            self.port,
+            self.proc.as_ref().map_or(String::new(), Proc::output)
+        );
+    }
+
+    /// Start the server on its port; `false` if it exited before it answered PING.
+    fn try_spawn(&mut self) -> bool {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .args(&self.extra)
             .current_dir(self.dir.path());
         let name = format!("redis-server :{}", self.port);
-        self.proc = Some(Proc::spawn(&name, cmd, INSTALL));
-        wait_ping(self.port);
+        let proc = self.proc.insert(Proc::spawn(&name, cmd, INSTALL));
+        wait_ping(self.port, proc)
     }
 
     pub fn url(&self) -> String {
@@ -262,8 +291,12 @@ impl RedisSentinel {
         .expect("write sentinel.conf");
         let mut cmd = Command::new("redis-sentinel");
         cmd.arg(&conf).current_dir(dir.path());
-        let sentinel = Proc::spawn(&format!("redis-sentinel :{sentinel_port}"), cmd, INSTALL);
-        wait_ping(sentinel_port);
+        let mut sentinel = Proc::spawn(&format!("redis-sentinel :{sentinel_port}"), cmd, INSTALL);
+        assert!(
+            wait_ping(sentinel_port, &mut sentinel),
+            "redis-sentinel :{sentinel_port} exited at start: {}",
+            sentinel.output()
+        );
         let s = RedisSentinel {
             sentinel,
             master,
