@@ -84,6 +84,7 @@ impl RedisServer {
     /// new ones, up to three times.
     pub fn start_with(extra: &[&str]) -> Self {
         let bus = extra.contains(&"--cluster-enabled");
+        let mut last_output = String::new();
         for _ in 0..3 {
             let mut s = RedisServer {
                 port: if bus {
@@ -98,8 +99,9 @@ impl RedisServer {
             if s.try_spawn() {
                 return s;
             }
+            last_output = s.proc.as_ref().map_or(String::new(), Proc::output);
         }
-        panic!("redis-server exited at start three times (its ports taken?)")
+        panic!("redis-server exited at start three times (its ports taken?); last output: {last_output}")
     }
 
     fn spawn(&mut self) {
