@@ -72,17 +72,32 @@ impl CounterKey {
 
     /// Append the lower-case hex of the key (32 characters) to `out`.
     pub fn write_hex(&self, out: &mut String) {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        // Written into a buffer and appended once: a `push` per digit costs a capacity check
-        // and a UTF-8 encoding each (500 instructions per key).
+        // Appended once: a `push` per digit costs a capacity check and a UTF-8 encoding each
+        // (500 instructions per key).
+        out.push_str(std::str::from_utf8(&self.hex_digits()).expect("hex digits are ASCII"));
+    }
+
+    /// The lower-case hex of the key, 32 ASCII digits.
+    pub fn hex_digits(&self) -> [u8; 32] {
         let mut hex = [0u8; 32];
         for (pair, b) in hex.chunks_exact_mut(2).zip(self.0) {
-            pair[0] = DIGITS[usize::from(b >> 4)];
-            pair[1] = DIGITS[usize::from(b & 15)];
+            pair.copy_from_slice(&HEX_PAIRS[usize::from(b)]);
         }
-        out.push_str(std::str::from_utf8(&hex).expect("hex digits are ASCII"));
+        hex
     }
 }
+
+/// The two lower-case hex digits of every byte: one look-up per byte.
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut t = [[0u8; 2]; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = [DIGITS[b >> 4], DIGITS[b & 15]];
+        b += 1;
+    }
+    t
+};
 
 impl fmt::Debug for CounterKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -163,6 +178,19 @@ mod tests {
             CounterKey::new("l", [&b"caller"[..]]).hex(),
             "c9bb424bf5a81eec94a9edf4dce290d7"
         );
+    }
+
+    /// Every byte value as its two lower-case hex digits, and back.
+    #[test]
+    fn hex_has_two_digits_per_byte_for_every_byte() {
+        for b in 0..=255u8 {
+            let mut bytes = [0u8; 16];
+            bytes[usize::from(b % 16)] = b;
+            let key = CounterKey(bytes);
+            let expected: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(key.hex(), expected);
+            assert_eq!(CounterKey::from_hex(&expected), Some(key));
+        }
     }
 
     #[test]

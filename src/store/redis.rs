@@ -140,17 +140,6 @@ pub(super) fn quota<'s, 'a>(inv: &'s mut Call<'a>, q: &crate::limit::Quota) -> &
         .arg(q.burst)
 }
 
-/// The suffix of an algorithm's keys.
-fn key_tag(a: Algorithm) -> &'static str {
-    match a {
-        Algorithm::SlidingWindow => "sw",
-        Algorithm::FixedWindow => "fw",
-        Algorithm::SlidingLog => "log",
-        Algorithm::TokenBucket => "tb",
-        Algorithm::Gcra => "gcra",
-    }
-}
-
 enum Conn {
     Single(redis::Client, Lazy<ConnectionManager>),
     Cluster(Lazy<ClusterConnection>),
@@ -365,27 +354,6 @@ impl RedisStore {
         self
     }
 
-    /// The base key of a check: one hash tag around the limit and caller, then the algorithm,
-    /// so a limit whose algorithm a reload changes starts afresh instead of finding another
-    /// algorithm's state (of another type or format) under its key.
-    pub fn base_key(&self, c: &Check) -> String {
-        self.key(&c.name, &c.key, key_tag(c.quota.algorithm))
-    }
-
-    /// `{<prefix>:<limit>:<hash>}:<suffix>`, written in one allocation.
-    pub(super) fn key(&self, limit: &str, key: &super::CounterKey, suffix: &str) -> String {
-        let mut k = String::with_capacity(self.prefix.len() + limit.len() + suffix.len() + 37);
-        k.push('{');
-        k.push_str(&self.prefix);
-        k.push(':');
-        k.push_str(limit);
-        k.push(':');
-        key.write_hex(&mut k);
-        k.push_str("}:");
-        k.push_str(suffix);
-        k
-    }
-
     /// Every call's deadline, `store.timeout` (kept once, by the deadlines).
     fn timeout(&self) -> Duration {
         self.deadlines.after()
@@ -565,7 +533,7 @@ impl RedisStore {
     /// circuit breaker: not ready while the breaker is open; after the cooldown this call can
     /// be the probe that closes it, so readiness recovers even without request traffic.
     pub async fn ping(&self) -> bool {
-        let mut inv = Call::new(&CHECK_SCRIPTS.by_algorithm[0], std::iter::empty());
+        let mut inv = Call::new(&CHECK_SCRIPTS.by_algorithm[0], std::iter::empty::<&str>());
         inv.arg("");
         self.guarded::<String>(&inv, self.timeout().max(Duration::from_millis(250)))
             .await
@@ -588,7 +556,7 @@ mod tests {
         let mut out = crate::store::Decisions::new();
         let size = std::mem::size_of_val(&s.check(&[], 0, &mut out));
         assert!(size < 2048, "a check's future is {size} bytes");
-        let inv = Call::new(&CHECK_SCRIPTS.by_algorithm[0], std::iter::empty());
+        let inv = Call::new(&CHECK_SCRIPTS.by_algorithm[0], std::iter::empty::<&str>());
         let size = std::mem::size_of_val(&s.invoke::<Vec<u8>>(&inv));
         assert!(size < 512, "a call's future is {size} bytes");
     }

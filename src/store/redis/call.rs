@@ -8,8 +8,14 @@
 //! The script is sent by its SHA1; on `NOSCRIPT` it is loaded and that call retried once,
 //! which is safe because `NOSCRIPT` means it did not run (what `ScriptInvocation` does too).
 
+use std::cell::Cell;
+
 use redis::aio::ConnectionLike;
-use redis::{Cmd, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
+use redis::{Cmd, FromRedisValue, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs};
+
+use super::RedisStore;
+use crate::limit::Algorithm;
+use crate::store::{Check, CounterKey};
 
 /// One call of `script`: `EVALSHA sha numkeys key... arg...`, written as it is built.
 pub(crate) struct Call<'a> {
@@ -17,13 +23,26 @@ pub(crate) struct Call<'a> {
     cmd: Cmd,
 }
 
+thread_local! {
+    /// The command of this thread's last call, cleared with its buffers kept: the next call
+    /// writes into it instead of allocating two buffers, and gives it back when dropped.
+    static SPARE: Cell<Option<Cmd>> = const { Cell::new(None) };
+}
+
+/// A command of more arguments than this is not kept as the spare. Every argument is a number,
+/// the script's hash, or a key made of config strings and a 32-digit hash, so this bounds the
+/// spare's buffers too.
+const SPARE_MAX_ARGS: usize = 64;
+
 impl<'a> Call<'a> {
     /// A call of `script` with `keys` as `KEYS`; [`Call::arg`] appends to `ARGV`.
-    pub fn new<'k>(script: &'a Script, keys: impl ExactSizeIterator<Item = &'k str>) -> Self {
-        let mut cmd = Cmd::with_capacity(16, 192);
+    pub fn new<K: KeyArg>(script: &'a Script, keys: impl ExactSizeIterator<Item = K>) -> Self {
+        let mut cmd = SPARE
+            .with(Cell::take)
+            .unwrap_or_else(|| Cmd::with_capacity(16, 192));
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
         for k in keys {
-            cmd.arg(k);
+            k.write_key(&mut cmd);
         }
         Call { script, cmd }
     }
@@ -42,6 +61,128 @@ impl<'a> Call<'a> {
             }
             result => result,
         }
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        if self.cmd.args_iter().len() <= SPARE_MAX_ARGS {
+            let mut cmd = std::mem::take(&mut self.cmd);
+            cmd.clear();
+            // During thread exit the spare is gone already; this command is then just dropped.
+            let _ = SPARE.try_with(|spare| spare.set(Some(cmd)));
+        }
+    }
+}
+
+/// What can be one of a call's `KEYS`.
+pub(crate) trait KeyArg {
+    fn write_key(&self, cmd: &mut Cmd);
+}
+
+impl KeyArg for &str {
+    fn write_key(&self, cmd: &mut Cmd) {
+        cmd.arg(*self);
+    }
+}
+
+/// A counter's key in Redis, `{<prefix>:<limit>:<hash>}:<suffix>`, as the pieces it is made
+/// of: written straight into a command, it needs no `String` of its own (two allocations and
+/// a copy fewer per checked limit).
+pub(crate) struct KeyName<'a> {
+    prefix: &'a str,
+    limit: &'a str,
+    key: &'a CounterKey,
+    suffix: &'a str,
+}
+
+impl KeyName<'_> {
+    /// The key's length in bytes: the pieces, `{`, two `:`, 32 hex digits and `}:`.
+    fn len(&self) -> usize {
+        self.prefix.len() + self.limit.len() + self.suffix.len() + 37
+    }
+
+    /// Write the key into `out`, which is [`KeyName::len`] bytes long.
+    fn fill(&self, out: &mut [u8]) {
+        let hex = self.key.hex_digits();
+        let pieces: [&[u8]; 8] = [
+            b"{",
+            self.prefix.as_bytes(),
+            b":",
+            self.limit.as_bytes(),
+            b":",
+            &hex,
+            b"}:",
+            self.suffix.as_bytes(),
+        ];
+        let mut at = 0;
+        for piece in pieces {
+            out[at..at + piece.len()].copy_from_slice(piece);
+            at += piece.len();
+        }
+    }
+
+    /// The key as text.
+    pub fn text(&self) -> String {
+        let mut k = vec![0; self.len()];
+        self.fill(&mut k);
+        String::from_utf8(k).expect("a key is made of UTF-8 pieces")
+    }
+}
+
+impl KeyArg for KeyName<'_> {
+    /// Assembled on the stack and written as one argument (a longer key, with an unusually
+    /// long prefix or limit name, on the heap).
+    fn write_key(&self, cmd: &mut Cmd) {
+        let len = self.len();
+        let mut stack = [0u8; 192];
+        match stack.get_mut(..len) {
+            Some(buf) => {
+                self.fill(buf);
+                cmd.write_arg(buf);
+            }
+            None => cmd.write_arg(self.text().as_bytes()),
+        }
+    }
+}
+
+impl RedisStore {
+    /// The base key of a check: one hash tag around the limit and caller, then the algorithm,
+    /// so a limit whose algorithm a reload changes starts afresh instead of finding another
+    /// algorithm's state (of another type or format) under its key.
+    pub fn base_key(&self, c: &Check) -> String {
+        self.base_key_name(c).text()
+    }
+
+    /// [`RedisStore::base_key`] as the pieces it is written from.
+    pub(super) fn base_key_name<'a>(&'a self, c: &'a Check) -> KeyName<'a> {
+        self.key_name(&c.name, &c.key, key_tag(c.quota.algorithm))
+    }
+
+    /// `{<prefix>:<limit>:<hash>}:<suffix>`, written in one allocation.
+    pub(super) fn key(&self, limit: &str, key: &CounterKey, suffix: &str) -> String {
+        self.key_name(limit, key, suffix).text()
+    }
+
+    fn key_name<'a>(&'a self, limit: &'a str, key: &'a CounterKey, suffix: &'a str) -> KeyName<'a> {
+        let prefix = &self.prefix;
+        KeyName {
+            prefix,
+            limit,
+            key,
+            suffix,
+        }
+    }
+}
+
+/// The suffix of an algorithm's keys.
+pub(super) fn key_tag(a: Algorithm) -> &'static str {
+    match a {
+        Algorithm::SlidingWindow => "sw",
+        Algorithm::FixedWindow => "fw",
+        Algorithm::SlidingLog => "log",
+        Algorithm::TokenBucket => "tb",
+        Algorithm::Gcra => "gcra",
     }
 }
 
@@ -70,6 +211,56 @@ mod tests {
         assert_eq!(
             String::from_utf8_lossy(&mine),
             String::from_utf8_lossy(&expected)
+        );
+    }
+
+    /// A call after another on the same thread writes into the first one's command, and
+    /// sends only its own keys and arguments.
+    #[test]
+    fn a_reused_command_carries_nothing_of_the_last_call() {
+        let script = Script::new("return 1");
+        let mut first = Call::new(&script, ["{p:l:k}:sw", "{p:l:k}:fw"].into_iter());
+        first.arg("").arg(1u8).arg(100u64);
+        drop(first);
+        assert!(SPARE.with(|s| {
+            let spare = s.take();
+            let kept = spare.as_ref().is_some_and(|c| c.args_iter().len() == 0);
+            s.set(spare);
+            kept
+        }));
+        let mut second = Call::new(&script, ["{p:m:k}:tb"].into_iter());
+        second.arg(7u8);
+        let expected = redis::cmd("EVALSHA")
+            .arg(script.get_hash())
+            .arg(1)
+            .arg("{p:m:k}:tb")
+            .arg(7)
+            .get_packed_command();
+        assert_eq!(second.cmd.get_packed_command(), expected);
+        assert!(
+            SPARE.with(|s| s.take()).is_none(),
+            "the second call holds it"
+        );
+    }
+
+    /// A key written in pieces straight into a command is the key's text, byte for byte.
+    #[test]
+    fn a_key_written_in_pieces_is_its_text() {
+        let key = CounterKey::new("per-ip", [&b"10.0.0.1"[..]]);
+        let name = KeyName {
+            prefix: "tg",
+            limit: "per-ip",
+            key: &key,
+            suffix: "sw",
+        };
+        let text = name.text();
+        assert_eq!(text, format!("{{tg:per-ip:{}}}:sw", key.hex()));
+        let script = Script::new("return 1");
+        let pieces = Call::new(&script, [name].into_iter());
+        let whole = Call::new(&script, [text.as_str()].into_iter());
+        assert_eq!(
+            pieces.cmd.get_packed_command(),
+            whole.cmd.get_packed_command()
         );
     }
 }

@@ -7,6 +7,7 @@
 use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 
+use super::call::KeyArg;
 use super::{quota, Call, Conn, RedisStore, CHECK_SCRIPTS};
 use crate::limit::Decision;
 use crate::store::{Check, Decisions, StoreError};
@@ -43,11 +44,20 @@ impl RedisStore {
         out.clear();
         took.clear();
         took.resize(checks.len(), 0);
-        let keys: Vec<String> = checks.iter().map(|c| self.base_key(c)).collect();
-        let groups = self.slot_groups(&keys);
+        if !matches!(self.conn, Conn::Cluster(_)) {
+            // One call, its keys written straight into its command; the decisions go straight
+            // to `out`.
+            let all: Group = (0..checks.len()).collect();
+            let keys = |i: usize| self.base_key_name(&checks[i]);
+            let (_, at) = self.call(keys, checks, extra, &all, now, out, took).await?;
+            return Ok(at);
+        }
+        let texts: Vec<String> = checks.iter().map(|c| self.base_key(c)).collect();
+        let groups = self.slot_groups(&texts);
+        let keys = |i: usize| texts[i].as_str();
         if let [all] = groups.as_slice() {
-            // One slot (always, outside a cluster): the decisions go straight to `out`.
-            let (_, at) = self.call(&keys, checks, extra, all, now, out, took).await?;
+            // One slot: as above.
+            let (_, at) = self.call(keys, checks, extra, all, now, out, took).await?;
             return Ok(at);
         }
         // Cluster: one call per slot, in sequence, stopping at the first denial.
@@ -70,7 +80,7 @@ impl RedisStore {
             }
             group_out.clear();
             let (admitted, at) = self
-                .call(&keys, checks, extra, group, now, &mut group_out, took)
+                .call(keys, checks, extra, group, now, &mut group_out, took)
                 .await?;
             for (&i, d) in group.iter().zip(&group_out) {
                 slots[i] = Some(*d);
@@ -100,12 +110,13 @@ impl RedisStore {
         groups.into_iter().map(|(_, g)| g).collect()
     }
 
-    /// One script call over the checks at `idx`, appending their decisions to `out`. Returns
-    /// whether the group admitted, and the time the decisions were made at.
+    /// One script call over the checks at `idx` (check `i`'s key is `keys(i)`), appending
+    /// their decisions to `out`. Returns whether the group admitted, and the time the
+    /// decisions were made at.
     #[allow(clippy::too_many_arguments)]
-    async fn call(
+    async fn call<K: KeyArg>(
         &self,
-        keys: &[String],
+        keys: impl Fn(usize) -> K,
         checks: &[Check],
         extra: &[u64],
         idx: &[usize],
@@ -114,7 +125,7 @@ impl RedisStore {
         took: &mut Took,
     ) -> Result<(bool, u64), StoreError> {
         let script = CHECK_SCRIPTS.for_checks(checks, idx);
-        let mut inv = Call::new(script, idx.iter().map(|&i| keys[i].as_str()));
+        let mut inv = Call::new(script, idx.iter().map(|&i| keys(i)));
         if self.explicit_time {
             inv.arg(now);
         } else {
@@ -211,6 +222,13 @@ mod tests {
             integers(b"0 -3 5 1 0 7 2", 7).unwrap().as_slice(),
             &[0, -3, 5, 1, 0, 7, 2]
         );
+        // 18 digits are the most a field may have; 19 are refused below.
+        assert_eq!(
+            integers(b"999999999999999999 -999999999999999999 0", 3)
+                .unwrap()
+                .as_slice(),
+            &[999_999_999_999_999_999, -999_999_999_999_999_999, 0]
+        );
         for (bad, expected) in [
             ("1 99 60000 0 1", 6),
             ("1 99 60000 0 1 2 3", 6),
@@ -218,6 +236,8 @@ mod tests {
             ("1  99 60000 0 1 2", 6),
             ("", 6),
             ("1 99 60000 0 1 99999999999999999999", 6),
+            ("1 99 60000 0 1 1000000000000000000", 6),
+            ("1 99 60000 0 1 -1000000000000000000", 6),
             ("1 99 60000 0 1 -", 6),
             ("1 99 60000 0 1 +2", 6),
             ("1 99 60000 0 1 2 ", 6),

@@ -32,7 +32,7 @@ impl RedisStore {
 
     /// Tell every gateway (this one too) to drop what `inv` names.
     pub async fn publish_invalidation(&self, inv: &Invalidation) -> Result<(), StoreError> {
-        let mut call = Call::new(&PUBLISH, std::iter::empty());
+        let mut call = Call::new(&PUBLISH, std::iter::empty::<&str>());
         call.arg(self.invalidation_channel()).arg(inv.encode());
         self.guarded::<Vec<i64>>(&call, self.timeout().max(Duration::from_millis(250)))
             .await

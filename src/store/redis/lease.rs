@@ -7,7 +7,8 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::{key_tag, quota, Call, RedisStore};
+use super::call::key_tag;
+use super::{quota, Call, RedisStore};
 use crate::store::lease::Ended;
 use crate::store::StoreError;
 
