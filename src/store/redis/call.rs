@@ -3,7 +3,9 @@
 //! `redis::ScriptInvocation` keeps every key and every argument in a vector of its own and
 //! copies them into an `EVALSHA` command when invoked: about a dozen allocations for a
 //! one-limit check. A [`Call`] writes its keys, then its arguments, straight into the one
-//! command it sends (`loadtest/RESULTS.md` has the measurement).
+//! command it sends (`loadtest/RESULTS.md` has the measurement); a check's keys are assembled
+//! on the stack rather than as strings of their own ([`KeyName`]), and each thread reuses the
+//! buffers of its last call's command.
 //!
 //! The script is sent by its SHA1; on `NOSCRIPT` it is loaded and that call retried once,
 //! which is safe because `NOSCRIPT` means it did not run (what `ScriptInvocation` does too).
@@ -240,6 +242,40 @@ mod tests {
         assert!(
             SPARE.with(|s| s.take()).is_none(),
             "the second call holds it"
+        );
+    }
+
+    /// A command of many arguments is not kept as the spare: the spare's buffers stay small.
+    #[test]
+    fn a_command_of_more_than_the_most_arguments_is_not_kept() {
+        let script = Script::new("return 1");
+        let keys: Vec<String> = (0..SPARE_MAX_ARGS).map(|i| format!("k{i}")).collect();
+        drop(Call::new(&script, keys.iter().map(String::as_str)));
+        assert!(SPARE.with(|s| s.take()).is_none());
+        drop(Call::new(&script, keys[..8].iter().map(String::as_str)));
+        assert!(SPARE.with(|s| s.take()).is_some());
+    }
+
+    /// A key too long for the stack buffer (a long limit name) is written whole from the heap.
+    #[test]
+    fn a_long_key_is_written_whole() {
+        let key = CounterKey::new("l", [&b"caller"[..]]);
+        let limit = "a-limit-with-a-long-name-".repeat(8);
+        let name = KeyName {
+            prefix: "tollgate",
+            limit: &limit,
+            key: &key,
+            suffix: "gcra",
+        };
+        assert!(name.len() > 192);
+        let text = name.text();
+        assert_eq!(text, format!("{{tollgate:{limit}:{}}}:gcra", key.hex()));
+        let script = Script::new("return 1");
+        let pieces = Call::new(&script, [name].into_iter());
+        let whole = Call::new(&script, [text.as_str()].into_iter());
+        assert_eq!(
+            pieces.cmd.get_packed_command(),
+            whole.cmd.get_packed_command()
         );
     }
 
