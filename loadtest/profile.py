@@ -18,8 +18,11 @@ import re
 import sys
 
 # tollgate's own functions and methods, and drops of its types; not Pingora's functions
-# monomorphized over tollgate's types (`HttpProxy<tollgate::proxy::Gateway>::...`).
-TOLLGATE = r"^(<|core::ptr::drop_in_place<)?tollgate::"
+# monomorphized over tollgate's types (`HttpProxy<tollgate::proxy::Gateway>::...`), and not
+# the global allocator's shim (`tollgate::alloc`, in every allocation's stack): an allocation
+# belongs to the phase that asked for it, as it does in bare Pingora, whose shim has another
+# name.
+TOLLGATE = r"^(<|core::ptr::drop_in_place<)?tollgate::(?!alloc::)"
 # Innermost match wins, so a phase is the most specific code that names it. The patterns are
 # tollgate's and the redis crate's, then Pingora's own function names as `perf` demangles them.
 PHASES = [
