@@ -256,6 +256,17 @@ mod tests {
         assert!(SPARE.with(|s| s.take()).is_some());
     }
 
+    /// `name` written into a command sends the same bytes as its `text` written whole.
+    fn assert_same_command(name: KeyName<'_>, text: &str) {
+        let script = Script::new("return 1");
+        let pieces = Call::new(&script, [name].into_iter());
+        let whole = Call::new(&script, [text].into_iter());
+        assert_eq!(
+            pieces.cmd.get_packed_command(),
+            whole.cmd.get_packed_command()
+        );
+    }
+
     /// A key too long for the stack buffer (a long limit name) is written whole from the heap.
     #[test]
     fn a_long_key_is_written_whole() {
@@ -270,13 +281,7 @@ mod tests {
         assert!(name.len() > 192);
         let text = name.text();
         assert_eq!(text, format!("{{tollgate:{limit}:{}}}:gcra", key.hex()));
-        let script = Script::new("return 1");
-        let pieces = Call::new(&script, [name].into_iter());
-        let whole = Call::new(&script, [text.as_str()].into_iter());
-        assert_eq!(
-            pieces.cmd.get_packed_command(),
-            whole.cmd.get_packed_command()
-        );
+        assert_same_command(name, &text);
     }
 
     /// A key written in pieces straight into a command is the key's text, byte for byte.
@@ -291,12 +296,6 @@ mod tests {
         };
         let text = name.text();
         assert_eq!(text, format!("{{tg:per-ip:{}}}:sw", key.hex()));
-        let script = Script::new("return 1");
-        let pieces = Call::new(&script, [name].into_iter());
-        let whole = Call::new(&script, [text.as_str()].into_iter());
-        assert_eq!(
-            pieces.cmd.get_packed_command(),
-            whole.cmd.get_packed_command()
-        );
+        assert_same_command(name, &text);
     }
 }
