@@ -1,14 +1,19 @@
-//! The patched `redis` crate's reply decoder (`patches/README.md`, `redis` pull request 1): a
-//! complete bulk string is read without the parser combinator, and every other reply as
-//! before. Checked against the crate's own synchronous parser, which is the combinator alone:
-//! the same values in the same order, whatever the type of reply and wherever the bytes are
-//! split between reads, and an error where the combinator finds one.
+//! The patched `redis` crate's wire format (`patches/README.md`).
+//!
+//! - Pull request 1, the reply decoder: a complete bulk string is read without the parser
+//!   combinator, and every other reply as before. Checked against the crate's own synchronous
+//!   parser, which is the combinator alone: the same values in the same order, whatever the
+//!   type of reply and wherever the bytes are split between reads, and an error where the
+//!   combinator finds one.
+//! - Pull request 2, the command encoder: counts and lengths below 100 are written without
+//!   formatting them. Checked against RESP written out by hand, at every count and length the
+//!   change treats apart.
 
 use std::io::Cursor;
 
 use bytes::BytesMut;
 use proptest::prelude::*;
-use redis::{Parser, Value, ValueCodec};
+use redis::{Cmd, Parser, Value, ValueCodec};
 use tokio_util::codec::Decoder;
 
 /// Replies of every type, bulk strings at and around the fast path's edges among them.
@@ -166,5 +171,53 @@ proptest! {
         cuts.dedup();
         let expected = reference(&bytes, replies.len());
         prop_assert_eq!(decoded(&bytes, &cuts).unwrap(), expected);
+    }
+}
+
+/// A command as RESP, written out by hand: `*<count>`, then `$<length>` and the bytes of each
+/// argument, each line ended by CRLF.
+fn resp(args: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+fn command(args: &[Vec<u8>]) -> Cmd {
+    let mut cmd = Cmd::new();
+    for a in args {
+        cmd.arg(&a[..]);
+    }
+    cmd
+}
+
+#[test]
+fn a_command_is_packed_as_resp_at_every_count_and_length_written_apart() {
+    // One, two and three digits, at each edge, for the count of arguments and for a length.
+    let edges = [0, 1, 9, 10, 11, 99, 100, 101, 999, 1000, 12345];
+    for &count in edges.iter().filter(|&&c| (1..=1000).contains(&c)) {
+        let args: Vec<Vec<u8>> = (0..count).map(|i| vec![b'a' + (i % 26) as u8]).collect();
+        assert_eq!(command(&args).get_packed_command(), resp(&args), "{count} arguments");
+    }
+    for &len in &edges {
+        let args = vec![b"SET".to_vec(), b"k".to_vec(), vec![b'\r'; len]];
+        assert_eq!(command(&args).get_packed_command(), resp(&args), "length {len}");
+    }
+    // A pipeline packs each command the same way, one after the other.
+    let (a, b) = (vec![b"GET".to_vec(), vec![b'x'; 100]], vec![b"PING".to_vec()]);
+    let mut pipe = redis::pipe();
+    pipe.add_command(command(&a)).add_command(command(&b));
+    assert_eq!(pipe.get_packed_pipeline(), [resp(&a), resp(&b)].concat());
+}
+
+proptest! {
+    #[test]
+    fn any_command_is_packed_as_resp(
+        args in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..130), 1..130),
+    ) {
+        prop_assert_eq!(command(&args).get_packed_command(), resp(&args));
     }
 }

@@ -337,11 +337,7 @@ fn write_command<'a, I>(cmd: &mut Vec<u8>, args: I, cursor: u64)
 where
     I: IntoIterator<Item = Arg<&'a [u8]>> + Clone + ExactSizeIterator,
 {
-    let mut buf = ::itoa::Buffer::new();
-
-    cmd.extend_from_slice(b"*");
-    cmd.extend_from_slice(buf.format(args.len()).as_bytes());
-    cmd.extend_from_slice(b"\r\n");
+    write_header(cmd, b'*', args.len());
 
     let mut cursor_bytes = itoa::Buffer::new();
     for item in args {
@@ -350,11 +346,25 @@ where
             Arg::Simple(val) => val,
         };
 
-        cmd.extend_from_slice(b"$");
-        cmd.extend_from_slice(buf.format(bytes.len()).as_bytes());
-        cmd.extend_from_slice(b"\r\n");
-
+        write_header(cmd, b'$', bytes.len());
         cmd.extend_from_slice(bytes);
+        cmd.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Writes `<kind><n>\r\n`, the header of an array (`*`, `n` elements) or of a bulk string
+/// (`$`, `n` bytes). A count below 100 (almost every command's count of arguments and the
+/// length of almost every argument) is written as one fixed-size copy, without formatting it.
+#[inline]
+fn write_header(cmd: &mut Vec<u8>, kind: u8, n: usize) {
+    let digit = |d: usize| b'0' + d as u8;
+    if n < 10 {
+        cmd.extend_from_slice(&[kind, digit(n), b'\r', b'\n']);
+    } else if n < 100 {
+        cmd.extend_from_slice(&[kind, digit(n / 10), digit(n % 10), b'\r', b'\n']);
+    } else {
+        cmd.push(kind);
+        cmd.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
         cmd.extend_from_slice(b"\r\n");
     }
 }
