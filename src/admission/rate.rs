@@ -4,6 +4,7 @@
 //! Phase: `request_filter`, after the concurrency slots are taken.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::policy::{self, Failure};
 use super::{Admitted, Refused, Report, Request, Source};
@@ -53,9 +54,13 @@ pub(super) async fn check(
     // admissions, so the other limits need not be asked.
     let cache = store.over_limit();
     let cacheable = |c: &Check| !c.shadow && req.cfg.limit(c.id).over_limit_cache;
-    // The cache's clock is read only where it is on (never for the memory store).
-    let sent = if cache.enabled() { cache.now() } else { 0 };
-    if let Some((i, decision, at)) = cache.lookup(&checks, sent, cacheable) {
+    // The clock is read only where the cache is on (never for the memory store), and turned
+    // into the cache's own only where an entry may be looked up or a denial kept.
+    let sent = cache.enabled().then(Instant::now);
+    let cached = sent
+        .filter(|_| !cache.is_empty())
+        .and_then(|t| cache.lookup(&checks, cache.ms(t), cacheable));
+    if let Some((i, decision, at)) = cached {
         let id = checks[i].id;
         report.decide(id, false, false, Source::OverLimitCache, Some(1.0));
         return verdict(req, Some((id, decision)), at, None);
@@ -86,7 +91,9 @@ pub(super) async fn check(
                     _ => lease_ttl(c.quota.window_ms),
                 })
             };
-            cache.remember(&checks, &decisions, at, sent, keep);
+            if let Some(sent) = sent.filter(|_| decisions.iter().any(|d| !d.allowed)) {
+                cache.remember(&checks, &decisions, at, cache.ms(sent), keep);
+            }
             let source = Source::of_store(store);
             let decided = most_restrictive(&checks, &decisions, source, from_lease, report);
             verdict(req, decided, at, None)

@@ -5,11 +5,15 @@
 //! calls fail at once, without waiting on the store. After `cooldown` one call goes through as
 //! a probe (half-open): success closes the breaker, failure opens it for another cooldown.
 //!
+//! The breaker also keeps when the store last answered (a success, an error reply, or a new
+//! connection), for the store to tell a silent connection from a slow one: it is written under
+//! the lock each outcome takes anyway.
+//!
 //! Phase: `request_filter`, around every Redis call. The state sits behind a mutex that is held
 //! for a few instructions and never across an await. Time is a parameter, so tests need no
 //! sleeps.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -37,9 +41,13 @@ pub enum State {
 struct Inner {
     state: State,
     consecutive: u32,
-    window_start: Instant,
+    /// When the current window of `calls` and `failed` ends (`None`: a window too long for the
+    /// clock never ends).
+    window_end: Option<Instant>,
     calls: u32,
     failed: u32,
+    /// When the store last answered.
+    answered: Instant,
 }
 
 #[derive(Debug)]
@@ -63,9 +71,10 @@ impl Breaker {
             inner: Mutex::new(Inner {
                 state: State::Closed,
                 consecutive: 0,
-                window_start: now,
+                window_end: now.checked_add(settings.window),
                 calls: 0,
                 failed: 0,
+                answered: now,
             }),
         }
     }
@@ -87,16 +96,30 @@ impl Breaker {
         }
     }
 
-    /// Record the outcome of a call that [`Breaker::admit`] let through.
+    /// The store answered at `now`, whatever the answer (an error reply too), or a new
+    /// connection was made.
+    pub fn answered(&self, now: Instant) {
+        self.inner.lock().answered = now;
+    }
+
+    /// How long the store has not answered, at `now`.
+    pub fn silent_for(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.inner.lock().answered)
+    }
+
+    /// Record the outcome of a call that [`Breaker::admit`] let through; a success is also an
+    /// answer ([`Breaker::answered`]).
     pub fn record(&self, ok: bool, now: Instant) -> Option<Transition> {
         let mut s = self.inner.lock();
-        if now.duration_since(s.window_start) >= self.settings.window {
-            s.window_start = now;
+        // Compared, not subtracted: this runs on every call.
+        if s.window_end.is_some_and(|end| now >= end) {
+            s.window_end = now.checked_add(self.settings.window);
             s.calls = 0;
             s.failed = 0;
         }
         s.calls += 1;
         if ok {
+            s.answered = now;
             s.consecutive = 0;
             // Only the probe's success closes the breaker; a call let through before it
             // opened proves nothing about now.
@@ -130,7 +153,6 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn at(base: Instant, ms: u64) -> Instant {
         base + Duration::from_millis(ms)
@@ -212,5 +234,58 @@ mod tests {
             assert_eq!(b.record(i % 2 == 1, at(t0, 10_000 + i)), None);
         }
         assert_eq!(b.state(), State::Closed);
+    }
+
+    #[test]
+    fn silence_counts_from_the_last_answer_a_failure_is_not_one() {
+        let t0 = Instant::now();
+        let b = Breaker::new(BreakerSettings::default(), t0);
+        // Made at t0: a new breaker counts as answered then.
+        assert_eq!(b.silent_for(at(t0, 700)), Duration::from_millis(700));
+        b.record(true, at(t0, 1_000));
+        b.record(false, at(t0, 3_000));
+        assert_eq!(b.silent_for(at(t0, 4_000)), Duration::from_millis(3_000));
+        // An error reply is an answer, though a failed call.
+        b.answered(at(t0, 3_500));
+        assert_eq!(b.silent_for(at(t0, 4_000)), Duration::from_millis(500));
+        // Never negative.
+        assert_eq!(b.silent_for(at(t0, 3_000)), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_window_rolls_at_exactly_its_length_and_never_when_too_long_for_the_clock() {
+        let t0 = Instant::now();
+        let window = BreakerSettings::default().window;
+        let s = BreakerSettings {
+            failures: 100,
+            min_calls: 4,
+            ..BreakerSettings::default()
+        };
+        let b = Breaker::new(s, t0);
+        // Three failures in the first window; the fourth call comes as the next one begins,
+        // so it is the only call of its window and the ratio has too few calls to trip.
+        for i in 0..3 {
+            assert_eq!(b.record(false, at(t0, i)), None);
+        }
+        assert_eq!(b.record(false, t0 + window), None);
+        let b = Breaker::new(s, t0);
+        for i in 0..3 {
+            assert_eq!(b.record(false, at(t0, i)), None);
+        }
+        // A millisecond earlier it is the fourth failure of four.
+        assert_eq!(
+            b.record(false, t0 + window - Duration::from_millis(1)),
+            Some(Transition::Opened)
+        );
+        // A window past the clock's range never rolls.
+        let s = BreakerSettings {
+            window: Duration::MAX,
+            ..s
+        };
+        let b = Breaker::new(s, t0);
+        for i in 0..3 {
+            assert_eq!(b.record(false, at(t0, i * 1_000_000)), None);
+        }
+        assert_eq!(b.record(false, at(t0, 4_000_000)), Some(Transition::Opened));
     }
 }

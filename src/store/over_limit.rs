@@ -135,7 +135,12 @@ impl OverLimitCache {
 
     /// Now on the cache's monotonic clock (ms since it was made).
     pub fn now(&self) -> u64 {
-        self.origin.elapsed().as_millis() as u64
+        self.ms(Instant::now())
+    }
+
+    /// `t` on the cache's clock (0 before the cache was made).
+    pub fn ms(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.origin).as_millis() as u64
     }
 
     /// Entries held.

@@ -216,10 +216,6 @@ pub struct RedisStore {
     pub stats: RedisStats,
     /// The last store call succeeded.
     healthy: AtomicBool,
-    /// When the connection last answered (or was made), in ms since `origin`: see
-    /// [`RedisStore::on_deadline`].
-    answered_ms: AtomicU64,
-    origin: Instant,
 }
 
 /// A single node's connection that has answered nothing for this long while a call missed its
@@ -312,8 +308,6 @@ impl RedisStore {
             fallback: Local::new(FALLBACK_MAX_KEYS),
             stats: RedisStats::default(),
             healthy: AtomicBool::new(true),
-            answered_ms: AtomicU64::new(0),
-            origin: Instant::now(),
         })
     }
 
@@ -381,7 +375,13 @@ impl RedisStore {
                 .await
                 .map_err(|_| Elapsed)
         };
-        let now = Instant::now();
+        // A success is dated when the call started: one clock read fewer per call, and what
+        // the date is for (the breaker's window, the connection's last answer) counts seconds,
+        // where a call takes at most its deadline.
+        let now = match outcome {
+            Ok(Ok(_)) => started,
+            _ => Instant::now(),
+        };
         let result = match outcome {
             Err(_) => {
                 self.on_deadline(now);
@@ -389,15 +389,13 @@ impl RedisStore {
             }
             Ok(Err(e)) => {
                 if matches!(e.kind(), redis::ErrorKind::Server(_)) {
-                    self.answered(now);
+                    self.breaker.answered(now);
                 }
                 self.on_error(&e);
                 Err(StoreError::from_redis(e))
             }
-            Ok(Ok(r)) => {
-                self.answered(now);
-                Ok(r)
-            }
+            // Recorded as an answer by the breaker below.
+            Ok(Ok(r)) => Ok(r),
         };
         self.log_transition(self.breaker.record(result.is_ok(), now));
         if let Err(e) = &result {
@@ -426,7 +424,7 @@ impl RedisStore {
                 let m = lazy
                     .get(|| async {
                         // A new connection has not been silent yet (`on_deadline`).
-                        self.answered(Instant::now());
+                        self.breaker.answered(Instant::now());
                         ConnectionManager::new_lazy_with_config(client.clone(), manager_config())
                     })
                     .await?;
@@ -479,16 +477,6 @@ impl RedisStore {
         }
     }
 
-    /// `now` in ms since `origin`, the clock of `answered_ms`.
-    fn ms(&self, now: Instant) -> u64 {
-        now.saturating_duration_since(self.origin).as_millis() as u64
-    }
-
-    /// The connection answered at `now` (a reply, or an error reply from the server).
-    fn answered(&self, now: Instant) {
-        self.answered_ms.store(self.ms(now), Ordering::Relaxed);
-    }
-
     /// A call missed its deadline.
     /// - Sentinel: the master may be stopped rather than dead (it never answers, not even
     ///   READONLY), so ask the sentinels again on the next call.
@@ -504,9 +492,7 @@ impl RedisStore {
         match &self.conn {
             Conn::Sentinel(s) => s.master.reset(),
             Conn::Single(_, l) => {
-                let answered = self.answered_ms.load(Ordering::Relaxed);
-                let silent = self.ms(now).saturating_sub(answered);
-                if silent >= SILENT_CONNECTION.as_millis() as u64 {
+                if self.breaker.silent_for(now) >= SILENT_CONNECTION {
                     l.reset();
                 }
             }
