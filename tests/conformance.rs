@@ -252,3 +252,37 @@ async fn denied_request_leaves_other_counters_unchanged_in_redis() {
         .unwrap();
     assert_eq!(out[0].remaining, 6);
 }
+
+/// A request of more limits than a call keeps its indexes for without collecting them (64):
+/// one call all the same, decided as the memory store decides, all or nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_of_many_limits_agree() {
+    let redis = RedisServer::start();
+    let (memory, r) = stores(&redis, "conf-many");
+    let qs = quotas();
+    let mut now = 1_700_000_000_000;
+    for n in [63, 64, 65, 70] {
+        let checks: Vec<Check> = (0..n)
+            .map(|j| check(&format!("n{n}l{j}"), 1, qs[j % qs.len()], 1, false))
+            .collect();
+        let mut admitted = 0;
+        for step in 0..12 {
+            now += 10;
+            let d = both(
+                &memory,
+                &r,
+                &checks,
+                now,
+                &format!("{n} limits, step {step}"),
+            )
+            .await;
+            assert_eq!(d.len(), n);
+            admitted += usize::from(d.iter().all(|d| d.allowed));
+        }
+        // The first is admitted; the tightest quotas (3 at once) deny the later ones.
+        assert!(
+            (1..12).contains(&admitted),
+            "{n} limits: {admitted} of 12 admitted"
+        );
+    }
+}

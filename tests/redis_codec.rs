@@ -200,14 +200,25 @@ fn a_command_is_packed_as_resp_at_every_count_and_length_written_apart() {
     let edges = [0, 1, 9, 10, 11, 99, 100, 101, 999, 1000, 12345];
     for &count in edges.iter().filter(|&&c| (1..=1000).contains(&c)) {
         let args: Vec<Vec<u8>> = (0..count).map(|i| vec![b'a' + (i % 26) as u8]).collect();
-        assert_eq!(command(&args).get_packed_command(), resp(&args), "{count} arguments");
+        assert_eq!(
+            command(&args).get_packed_command(),
+            resp(&args),
+            "{count} arguments"
+        );
     }
     for &len in &edges {
         let args = vec![b"SET".to_vec(), b"k".to_vec(), vec![b'\r'; len]];
-        assert_eq!(command(&args).get_packed_command(), resp(&args), "length {len}");
+        assert_eq!(
+            command(&args).get_packed_command(),
+            resp(&args),
+            "length {len}"
+        );
     }
     // A pipeline packs each command the same way, one after the other.
-    let (a, b) = (vec![b"GET".to_vec(), vec![b'x'; 100]], vec![b"PING".to_vec()]);
+    let (a, b) = (
+        vec![b"GET".to_vec(), vec![b'x'; 100]],
+        vec![b"PING".to_vec()],
+    );
     let mut pipe = redis::pipe();
     pipe.add_command(command(&a)).add_command(command(&b));
     assert_eq!(pipe.get_packed_pipeline(), [resp(&a), resp(&b)].concat());

@@ -15,6 +15,18 @@ use crate::store::{Check, Decisions, StoreError};
 /// Indexes of the keys of one call (one cluster slot).
 pub(super) type Group = SmallVec<[usize; 8]>;
 
+/// `0..n` for a call over every check of a request, taken as `&INDEXES[..n]` rather than
+/// collected for each (a request of more checks collects them).
+const INDEXES: [usize; 64] = {
+    let mut all = [0; 64];
+    let mut i = 0;
+    while i < all.len() {
+        all[i] = i;
+        i += 1;
+    }
+    all
+};
+
 /// The units each check of a leasing call took beyond its cost.
 pub type Took = SmallVec<[u64; 8]>;
 
@@ -27,8 +39,25 @@ impl RedisStore {
         now: u64,
         out: &mut Decisions,
     ) -> Result<u64, StoreError> {
-        self.check_leasing(checks, &[], now, out, &mut Took::new())
-            .await
+        if matches!(self.conn, Conn::Cluster(_)) {
+            // Boxed: a cluster's checks keep more state across their calls (keys as strings,
+            // slot groups), which would otherwise be part of every check's future, boxed and
+            // copied on each request (`Store::check`).
+            return Box::pin(self.check_leasing(checks, &[], now, out, &mut Took::new())).await;
+        }
+        // One call over every check, its keys written straight into its command.
+        out.clear();
+        let keys = |i: usize| self.base_key_name(&checks[i]);
+        let owned: Group;
+        let all = match INDEXES.get(..checks.len()) {
+            Some(all) => all,
+            None => {
+                owned = (0..checks.len()).collect();
+                &owned
+            }
+        };
+        let (_, at) = self.call(keys, checks, &[], all, now, out, &mut []).await?;
+        Ok(at)
     }
 
     /// [`RedisStore::check`], where check `i` may also take up to `extra[i]` more units as a
@@ -111,8 +140,9 @@ impl RedisStore {
     }
 
     /// One script call over the checks at `idx` (check `i`'s key is `keys(i)`), appending
-    /// their decisions to `out`. Returns whether the group admitted, and the time the
-    /// decisions were made at.
+    /// their decisions to `out`; when leasing (`extra` not empty), `took[i]` receives the units
+    /// check `i` took. Returns whether the group admitted, and the time the decisions were
+    /// made at.
     #[allow(clippy::too_many_arguments)]
     async fn call<K: KeyArg>(
         &self,
@@ -122,7 +152,7 @@ impl RedisStore {
         idx: &[usize],
         now: u64,
         out: &mut Decisions,
-        took: &mut Took,
+        took: &mut [u64],
     ) -> Result<(bool, u64), StoreError> {
         let script = CHECK_SCRIPTS.for_checks(checks, idx);
         let mut inv = Call::new(script, idx.iter().map(|&i| keys(i)));
