@@ -11,9 +11,13 @@
 //! which is safe because `NOSCRIPT` means it did not run (what `ScriptInvocation` does too).
 
 use std::cell::Cell;
+use std::future::Future;
 
-use redis::aio::ConnectionLike;
-use redis::{Cmd, FromRedisValue, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs};
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    Cmd, FromRedisValue, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs, Value,
+};
 
 use super::RedisStore;
 use crate::limit::Algorithm;
@@ -55,14 +59,47 @@ impl<'a> Call<'a> {
     }
 
     /// Run the call; on `NOSCRIPT`, load the script and run it once more.
-    pub async fn invoke<T: FromRedisValue>(&self, con: &mut impl ConnectionLike) -> RedisResult<T> {
-        match self.cmd.query_async(con).await {
+    pub async fn invoke<T: FromRedisValue>(&self, con: &mut impl Connection) -> RedisResult<T> {
+        match self.query(con).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.script.load_async(con).await?;
-                self.cmd.query_async(con).await
+                self.query(con).await
             }
             result => result,
         }
+    }
+
+    /// What `Cmd::query_async` does, through [`Connection::send`].
+    async fn query<T: FromRedisValue>(&self, con: &mut impl Connection) -> RedisResult<T> {
+        let reply = con.send(&self.cmd).await?;
+        Ok(redis::from_redis_value(reply.extract_error()?)?)
+    }
+}
+
+/// A connection a call is sent on.
+pub(crate) trait Connection: ConnectionLike {
+    /// Send `cmd` and wait for its reply.
+    fn send<'a>(&'a mut self, cmd: &'a Cmd)
+        -> impl Future<Output = RedisResult<Value>> + Send + 'a;
+}
+
+impl Connection for ConnectionManager {
+    /// The manager's own method, called directly: through `ConnectionLike` (what
+    /// `Cmd::query_async` calls) each call's future is boxed, one allocation per call.
+    fn send<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
+        self.send_packed_command(cmd)
+    }
+}
+
+impl Connection for ClusterConnection {
+    fn send<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
+        self.req_packed_command(cmd)
     }
 }
 
