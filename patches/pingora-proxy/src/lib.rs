@@ -45,6 +45,7 @@ use once_cell::sync::Lazy;
 use pingora_http::{RequestHeader, ResponseHeader};
 use std::fmt::Debug;
 use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::str;
 use std::sync::{
     atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering},
@@ -1590,6 +1591,16 @@ impl SubrequestSpawner {
     }
 }
 
+/// `make()`'s value in a new pinned box: the box is allocated first, so that the value can be
+/// written straight into it, where `Box::pin(make())` makes it on the stack and copies it
+/// (the value must exist before the allocation, which may fail, is made).
+fn pinned_in_place<T>(make: impl FnOnce() -> T) -> Pin<Box<T>> {
+    let mut slot = Box::new_uninit();
+    slot.write(make());
+    // SAFETY: written just above. (`Box::write` says this without `unsafe`, from Rust 1.87.)
+    Box::into_pin(unsafe { slot.assume_init() })
+}
+
 #[async_trait]
 impl<SV, C> HttpServerApp for HttpProxy<SV, C>
 where
@@ -1598,10 +1609,11 @@ where
     C: custom::Connector,
 {
     // Not an `async fn`: the session is boxed before the request's future is made, so that
-    // future starts out holding four pointers and is written straight into the box
-    // `async_trait` puts it in. As an `async fn` its first state held the session itself
-    // (680 bytes), and the whole future (8.7 KB, its later states included) was built on the
-    // stack and copied into the box, for every request.
+    // future starts out holding four pointers, and its box is allocated before it is made, so
+    // that it is written straight into the box. As an `async fn` its first state held the
+    // session itself (680 bytes), and the whole future (8.7 KB, its later states included)
+    // was built on the stack and copied into the box, for every request; with `Box::pin`
+    // around the call it still was.
     fn process_new_http<'life0, 'life1, 'async_trait>(
         self: &'life0 Arc<Self>,
         mut session: HttpSession,
@@ -1617,7 +1629,7 @@ where
 
         let session = Box::new(session);
 
-        Box::pin(self.process_boxed_http(session, prev_user_ctx, shutdown))
+        pinned_in_place(|| self.process_boxed_http(session, prev_user_ctx, shutdown))
     }
 
     async fn http_cleanup(&self) {
