@@ -1,7 +1,8 @@
 //! The futures of tollgate's filters that finish their work when called (all but
 //! `request_filter` and `upstream_peer`): ready at once, and of no size when they succeed, so
 //! the box `ProxyHttp`'s methods put them in (it is an `async_trait`) allocates nothing. An
-//! `async fn`'s future holds its arguments, an allocation per call.
+//! `async fn`'s future holds its arguments, an allocation per call. `request_filter`'s future,
+//! which may wait, is made in its box ([`pinned_in_place`]).
 //!
 //! Phase: every request, four times.
 
@@ -32,6 +33,13 @@ pub(super) fn finished(result: Result<()>) -> BoxFuture<'static, Result<()>> {
     }
 }
 
+/// `make()`'s value in a new pinned box, made in place: the box is allocated first, where
+/// `Box::pin(make())` (what `async_trait` writes) makes the value on the stack, a future at its
+/// type's full size (its largest state's), and copies it into the box.
+pub(super) fn pinned_in_place<T>(make: impl FnOnce() -> T) -> Pin<Box<T>> {
+    Box::into_pin(Box::write(Box::new_uninit(), make()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,5 +60,19 @@ mod tests {
         let nothing = Box::pin(Immediate(|| ()));
         assert_eq!(std::mem::size_of_val(&*nothing), 0);
         nothing.await;
+    }
+
+    /// A future made in its box runs as it would have in `Box::pin`'s, to the same answer,
+    /// after waiting; the value made is the one boxed.
+    #[tokio::test]
+    async fn a_future_made_in_its_box_runs_as_it_would_have() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<u64>();
+        let waits = pinned_in_place(|| async move { rx.await.expect("sent") * 3 });
+        tx.send(14).expect("receiver alive");
+        assert_eq!(waits.await, 42);
+        let mut made = pinned_in_place(|| [7u8; 4096]);
+        assert!(made.iter().all(|&b| b == 7));
+        made.as_mut().get_mut()[4095] = 1;
+        assert_eq!((made[0], made[4095]), (7, 1));
     }
 }

@@ -17,19 +17,18 @@ use futures_util::future::BoxFuture;
 use pingora_core::modules::http::HttpModules;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
-use pingora_http::{RequestHeader, ResponseHeader, StaticHeaderName};
+use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::admission::{self, Admitted, Refused, Report, Request};
 use crate::config::reload::ConfigHandle;
 use crate::config::{Config, LimitId, OnError, RouteId, UpstreamTimeouts};
 use crate::conn::ConnState;
-use crate::head;
 use crate::headers;
 use crate::identity::{apply_quotas, identify, Caller};
 use crate::lifecycle::Lifecycle;
 use crate::limit::{Clock, Decision};
-use crate::observe::{self, digest_peer_ip, Observer};
+use crate::observe::{self, Observer};
 use crate::quota::table::Resolved;
 use crate::quota::{self, Quotas};
 use crate::refusal::Refusal;
@@ -37,8 +36,9 @@ use crate::route::match_route;
 use crate::shed::{self, InFlight, Shedder};
 use crate::store::{HeldSlots, Store};
 
+mod filter;
 mod finished;
-use finished::{finished, Immediate};
+use finished::{finished, pinned_in_place, Immediate};
 
 pub struct Gateway {
     pub config: Arc<ConfigHandle>,
@@ -302,62 +302,6 @@ pub fn peer(addr: SocketAddr, t: &UpstreamTimeouts, preserve_header_case: bool) 
     peer
 }
 
-/// Step 0: the head's checks, and the rewrite to the path's normal form.
-fn check_head(cfg: &Config, session: &mut Session) -> std::result::Result<(), Refused> {
-    let head_bytes = head::head_bytes(session);
-    let rewrite = head::check(&cfg.http, session.req_header(), head_bytes).map_err(refused)?;
-    let req = session.req_header_mut();
-    if let Some(uri) = rewrite.uri {
-        req.set_uri(uri);
-    }
-    if let Some(host) = rewrite.host {
-        req.insert_header(http::header::HOST, host).map_err(|_| {
-            refused(Refusal::BadHead(
-                "The request's authority is not a valid host.",
-            ))
-        })?;
-    }
-    Ok(())
-}
-
-/// The headers an admitted request carries upstream: its id, when the gateway made it, and
-/// `X-Forwarded-For` with the peer appended. Written into the request's own head, which
-/// Pingora copies for the upstream (and again for each retry): the parsed head has room for
-/// them, where the copy, sized to exactly the headers it holds, would grow both its maps.
-fn forwarding_headers(
-    observer: &Observer,
-    req: &mut RequestHeader,
-    ctx: &RequestCtx,
-) -> Result<()> {
-    static X_FORWARDED_FOR: StaticHeaderName = StaticHeaderName::from_static("x-forwarded-for");
-    static X_REQUEST_ID: StaticHeaderName = StaticHeaderName::from_static(observe::REQUEST_ID);
-    let id = ctx.obs.generated_id(observer);
-    // Room for both at once, should the head have none left.
-    req.reserve(1 + usize::from(id.is_some()));
-    if let Some(id) = id {
-        req.insert_header(&X_REQUEST_ID, id)?;
-    }
-    let Some(peer) = ctx.peer else { return Ok(()) };
-    let xff = X_FORWARDED_FOR.as_header_name();
-    if !req.headers.contains_key(xff) {
-        // The usual case, no proxy before this one: the connection's own text of the peer.
-        if let Some((_, text)) = ctx.peer_text.as_ref().filter(|(ip, _)| *ip == peer) {
-            return req.insert_header(&X_FORWARDED_FOR, text.clone());
-        }
-    }
-    let mut chain = Vec::with_capacity(48);
-    for v in req.headers.get_all(xff) {
-        if let Ok(v) = v.to_str() {
-            chain.extend_from_slice(v.as_bytes());
-            chain.extend_from_slice(b", ");
-        }
-    }
-    // Written in place, without `fmt`.
-    observe::format::push_ip(&mut chain, peer);
-    req.insert_header(&X_FORWARDED_FOR, chain)?;
-    Ok(())
-}
-
 /// Shadow limits that would have refused, and store failures the policies answered.
 fn log_report(cfg: &Config, caller: &Caller<'_>, report: &Report) {
     for id in report.shadow_denied() {
@@ -388,7 +332,8 @@ impl ProxyHttp for Gateway {
     // `async_trait` would write them, because their work is done when they are called: they
     // return `finished`'s future, which has no size, so no allocation per request (an
     // `async fn`'s future holds its arguments and is boxed). `request_filter` may wait for the
-    // store and `upstream_peer` returns a value, so they stay `async`.
+    // store: its future is made in its box (`pinned_in_place`), not on the stack and copied
+    // into the box, as `async_trait` would. `upstream_peer` returns a value and stays `async`.
 
     /// The head has been read: the connection is busy (no head deadline while the request
     /// runs), keep-alive follows `server.keepalive_timeout` whatever the client asked, and
@@ -407,40 +352,18 @@ impl ProxyHttp for Gateway {
         finished(self.on_head(session, ctx))
     }
 
-    async fn request_filter(
-        &self,
-        session: &mut Session,
-        ctx: &mut Box<RequestCtx>,
-    ) -> Result<bool> {
-        let cfg = match &ctx.config {
-            Some(c) => c.clone(),
-            None => self.config.snapshot(),
-        };
-        // The peer as the connection's entry noted it at accept: the same socket address as the
-        // session's digest, which Pingora then need not make for this request.
-        ctx.peer = match &ctx.peer_text {
-            Some((ip, _)) => Some(*ip),
-            None => digest_peer_ip(session),
-        };
-        // 0. The head: Host, sizes, the path's normal form. 1-4: identity, route, shedding,
-        // limits.
-        let decided = match check_head(&cfg, session) {
-            Ok(()) => self.decide(&cfg, session, ctx).await,
-            Err(refused) => Err(refused),
-        };
-        self.observer.verdict(&cfg, session, &mut ctx.obs, &decided);
-        // 5. Answer, or proceed upstream with the headers of the decisive limit.
-        match decided {
-            Ok(admitted) => {
-                forwarding_headers(&self.observer, session.req_header_mut(), ctx)?;
-                ctx.decisive = admitted.decisive;
-                ctx.degraded = admitted.degraded;
-                ctx.decided_at = admitted.decided_at;
-                ctx.slots = admitted.slots;
-                Ok(false)
-            }
-            Err(refused) => respond(session, &cfg, refused).await,
-        }
+    fn request_filter<'a, 'b, 'c, 'async_trait>(
+        &'a self,
+        session: &'b mut Session,
+        ctx: &'c mut Box<RequestCtx>,
+    ) -> BoxFuture<'async_trait, Result<bool>>
+    where
+        'a: 'async_trait,
+        'b: 'async_trait,
+        'c: 'async_trait,
+        Self: 'async_trait,
+    {
+        pinned_in_place(|| self.filter(session, ctx))
     }
 
     async fn upstream_peer(

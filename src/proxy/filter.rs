@@ -1,0 +1,106 @@
+//! `request_filter`'s steps: the head's checks, the decision ([`Gateway::decide`]), and the
+//! answer, or the headers an admitted request carries upstream.
+//!
+//! Phase: `request_filter`.
+
+use pingora_error::Result;
+use pingora_http::{RequestHeader, StaticHeaderName};
+use pingora_proxy::Session;
+
+use super::{refused, respond, Gateway, RequestCtx};
+use crate::admission::Refused;
+use crate::config::Config;
+use crate::head;
+use crate::observe::{self, digest_peer_ip, Observer};
+use crate::refusal::Refusal;
+
+impl Gateway {
+    /// `request_filter`: `Ok(true)` when the gateway answered itself.
+    pub(super) async fn filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        let cfg = match &ctx.config {
+            Some(c) => c.clone(),
+            None => self.config.snapshot(),
+        };
+        // The peer as the connection's entry noted it at accept: the same socket address as the
+        // session's digest, which Pingora then need not make for this request.
+        ctx.peer = match &ctx.peer_text {
+            Some((ip, _)) => Some(*ip),
+            None => digest_peer_ip(session),
+        };
+        // 0. The head: Host, sizes, the path's normal form. 1-4: identity, route, shedding,
+        // limits.
+        let decided = match check_head(&cfg, session) {
+            Ok(()) => self.decide(&cfg, session, ctx).await,
+            Err(refused) => Err(refused),
+        };
+        self.observer.verdict(&cfg, session, &mut ctx.obs, &decided);
+        // 5. Answer, or proceed upstream with the headers of the decisive limit.
+        match decided {
+            Ok(admitted) => {
+                forwarding_headers(&self.observer, session.req_header_mut(), ctx)?;
+                ctx.decisive = admitted.decisive;
+                ctx.degraded = admitted.degraded;
+                ctx.decided_at = admitted.decided_at;
+                ctx.slots = admitted.slots;
+                Ok(false)
+            }
+            Err(refused) => respond(session, &cfg, refused).await,
+        }
+    }
+}
+
+/// Step 0: the head's checks, and the rewrite to the path's normal form.
+fn check_head(cfg: &Config, session: &mut Session) -> std::result::Result<(), Refused> {
+    let head_bytes = head::head_bytes(session);
+    let rewrite = head::check(&cfg.http, session.req_header(), head_bytes).map_err(refused)?;
+    let req = session.req_header_mut();
+    if let Some(uri) = rewrite.uri {
+        req.set_uri(uri);
+    }
+    if let Some(host) = rewrite.host {
+        req.insert_header(http::header::HOST, host).map_err(|_| {
+            refused(Refusal::BadHead(
+                "The request's authority is not a valid host.",
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+/// The headers an admitted request carries upstream: its id, when the gateway made it, and
+/// `X-Forwarded-For` with the peer appended. Written into the request's own head, which
+/// Pingora copies for the upstream (and again for each retry): the parsed head has room for
+/// them, where the copy, sized to exactly the headers it holds, would grow both its maps.
+fn forwarding_headers(
+    observer: &Observer,
+    req: &mut RequestHeader,
+    ctx: &RequestCtx,
+) -> Result<()> {
+    static X_FORWARDED_FOR: StaticHeaderName = StaticHeaderName::from_static("x-forwarded-for");
+    static X_REQUEST_ID: StaticHeaderName = StaticHeaderName::from_static(observe::REQUEST_ID);
+    let id = ctx.obs.generated_id(observer);
+    // Room for both at once, should the head have none left.
+    req.reserve(1 + usize::from(id.is_some()));
+    if let Some(id) = id {
+        req.insert_header(&X_REQUEST_ID, id)?;
+    }
+    let Some(peer) = ctx.peer else { return Ok(()) };
+    let xff = X_FORWARDED_FOR.as_header_name();
+    if !req.headers.contains_key(xff) {
+        // The usual case, no proxy before this one: the connection's own text of the peer.
+        if let Some((_, text)) = ctx.peer_text.as_ref().filter(|(ip, _)| *ip == peer) {
+            return req.insert_header(&X_FORWARDED_FOR, text.clone());
+        }
+    }
+    let mut chain = Vec::with_capacity(48);
+    for v in req.headers.get_all(xff) {
+        if let Ok(v) = v.to_str() {
+            chain.extend_from_slice(v.as_bytes());
+            chain.extend_from_slice(b", ");
+        }
+    }
+    // Written in place, without `fmt`.
+    observe::format::push_ip(&mut chain, peer);
+    req.insert_header(&X_FORWARDED_FOR, chain)?;
+    Ok(())
+}
