@@ -16,7 +16,7 @@ use crate::store::{Check, Decisions, StoreError};
 pub(super) type Group = SmallVec<[usize; 8]>;
 
 /// `0..n` for a call over every check of a request, taken as `&INDEXES[..n]` rather than
-/// collected for each (a request of more checks collects them).
+/// collected for each ([`every`]).
 const INDEXES: [usize; 64] = {
     let mut all = [0; 64];
     let mut i = 0;
@@ -26,6 +26,17 @@ const INDEXES: [usize; 64] = {
     }
     all
 };
+
+/// `0..n`: a slice of [`INDEXES`], or, past its 64, collected into `spill`.
+fn every(n: usize, spill: &mut Group) -> &[usize] {
+    match INDEXES.get(..n) {
+        Some(all) => all,
+        None => {
+            *spill = (0..n).collect();
+            spill
+        }
+    }
+}
 
 /// The units each check of a leasing call took beyond its cost.
 pub type Took = SmallVec<[u64; 8]>;
@@ -48,14 +59,8 @@ impl RedisStore {
         // One call over every check, its keys written straight into its command.
         out.clear();
         let keys = |i: usize| self.base_key_name(&checks[i]);
-        let owned: Group;
-        let all = match INDEXES.get(..checks.len()) {
-            Some(all) => all,
-            None => {
-                owned = (0..checks.len()).collect();
-                &owned
-            }
-        };
+        let mut spill = Group::new();
+        let all = every(checks.len(), &mut spill);
         let (_, at) = self.call(keys, checks, &[], all, now, out, &mut []).await?;
         Ok(at)
     }
@@ -76,9 +81,10 @@ impl RedisStore {
         if !matches!(self.conn, Conn::Cluster(_)) {
             // One call, its keys written straight into its command; the decisions go straight
             // to `out`.
-            let all: Group = (0..checks.len()).collect();
+            let mut spill = Group::new();
+            let all = every(checks.len(), &mut spill);
             let keys = |i: usize| self.base_key_name(&checks[i]);
-            let (_, at) = self.call(keys, checks, extra, &all, now, out, took).await?;
+            let (_, at) = self.call(keys, checks, extra, all, now, out, took).await?;
             return Ok(at);
         }
         let texts: Vec<String> = checks.iter().map(|c| self.base_key(c)).collect();
@@ -243,6 +249,16 @@ fn integers(reply: &[u8], expected: usize) -> Result<SmallVec<[i64; 8]>, StoreEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_index_up_to_the_table_and_past_it() {
+        for n in [0, 1, 8, 63, 64, 65, 200] {
+            let mut spill = Group::new();
+            let all = every(n, &mut spill);
+            assert_eq!(all, (0..n).collect::<Vec<_>>().as_slice(), "n = {n}");
+            assert_eq!(spill.is_empty(), n <= 64, "n = {n}");
+        }
+    }
 
     #[test]
     fn a_reply_is_exactly_the_expected_count_of_decimal_integers() {
