@@ -8,11 +8,8 @@
 //! the most restrictive limit. `t` is the seconds until the quota is restored, or on a denial
 //! until a retry can succeed; `Retry-After` is never earlier than `t` and at least 1.
 
-use std::ops::Range;
-
-use bytes::Bytes;
-use http::HeaderValue;
-use pingora_http::{ResponseHeader, StaticHeaderName};
+use http::{HeaderName, HeaderValue};
+use pingora_http::ResponseHeader;
 
 use crate::config::{Config, LimitId, OnError, RateSpec};
 use crate::limit::Decision;
@@ -20,15 +17,15 @@ use crate::limit::Decision;
 /// Set on responses decided under a store failure policy: `store-unavailable; policy=local`.
 pub const DEGRADED: &str = "tollgate-degraded";
 
-// Names parsed once, when the program is built: a name given as a string is parsed and copied
-// on every insert.
-const RATELIMIT_POLICY: StaticHeaderName = StaticHeaderName::from_static("ratelimit-policy");
-const RATELIMIT: StaticHeaderName = StaticHeaderName::from_static("ratelimit");
-const X_LIMIT: StaticHeaderName = StaticHeaderName::from_static("x-ratelimit-limit");
-const X_REMAINING: StaticHeaderName = StaticHeaderName::from_static("x-ratelimit-remaining");
-const X_RESET: StaticHeaderName = StaticHeaderName::from_static("x-ratelimit-reset");
-const RETRY_AFTER: StaticHeaderName = StaticHeaderName::from_static("retry-after");
-const DEGRADED_NAME: StaticHeaderName = StaticHeaderName::from_static(DEGRADED);
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const RETRY_AFTER: HeaderName = HeaderName::from_static("retry-after");
+const DEGRADED_NAME: HeaderName = HeaderName::from_static(DEGRADED);
+/// The `t` parameter of the `RateLimit` item, after its `r`.
+const T_PARAM: HeaderValue = HeaderValue::from_static(";t=");
 
 /// Seconds for `t` and `Retry-After`.
 pub fn seconds(d: &Decision) -> u64 {
@@ -45,18 +42,13 @@ pub fn seconds(d: &Decision) -> u64 {
     }
 }
 
-/// How many headers [`apply`] adds (and [`degraded`], when `degraded`), to reserve them at
-/// once: an upstream's head is sized to the headers it came with, so each header added past
-/// them would otherwise grow its maps.
-pub fn count(cfg: &Config, d: &Decision, degraded: bool) -> usize {
-    2 * usize::from(cfg.headers.ietf)
-        + 3 * usize::from(cfg.headers.legacy)
-        + usize::from(!d.allowed)
-        + usize::from(degraded)
-}
-
 /// Add the rate-limit headers of rate limit `id`'s decision `d`, made at `now_ms`, to a
 /// response. `spec`: the caller's own parameters of the limit (a quota override), if any.
+///
+/// They are written as encoded lines ([pingora_http::EncodedHeaders]): the response goes out
+/// with them, after the upstream's headers, and nothing here looks them up again, so they
+/// skip the header map and its hashing. Headers of the same names that the upstream sent are
+/// removed: the gateway's replace them.
 pub fn apply(
     cfg: &Config,
     id: LimitId,
@@ -68,86 +60,76 @@ pub fn apply(
     let limit = cfg.limit(id);
     let rate = spec.unwrap_or_else(|| limit.rate());
     let t = seconds(d);
-    // The values that change with each decision are written into one buffer and handed out
-    // as slices of it: one allocation, not one per header. `X-RateLimit-Remaining` and
-    // `Retry-After` are the digits of `r` and `t` in the `RateLimit` item.
-    let mut values = Values::new(limit.name.len() + 48);
-    values.extend(b"\"");
-    values.extend(limit.name.as_bytes());
-    values.extend(b"\";r=");
-    let x_remaining = values.number(d.remaining);
-    values.extend(b";t=");
-    let retry_after = values.number(t);
-    let ratelimit = 0..values.0.len();
-    let ms = if d.allowed {
-        d.reset_after_ms
-    } else {
-        d.retry_after_ms
-    };
-    let x_reset = values.number((now_ms + ms).div_ceil(1000));
-    let values = values.done();
-
-    if cfg.headers.ietf {
-        let _ = resp.insert_header(&RATELIMIT_POLICY, rate.policy_header.clone());
-        insert(resp, &RATELIMIT, &values, ratelimit);
+    let (ietf, legacy) = (cfg.headers.ietf, cfg.headers.legacy);
+    let ours = [
+        (ietf, &RATELIMIT_POLICY),
+        (ietf, &RATELIMIT),
+        (legacy, &X_LIMIT),
+        (legacy, &X_REMAINING),
+        (legacy, &X_RESET),
+        (!d.allowed, &RETRY_AFTER),
+    ];
+    replace(resp, &ours);
+    let lines = resp.encoded_headers_mut();
+    // The lines' names and fixed parts, and room for their numbers.
+    lines.reserve(160 + 2 * rate.policy_header.len());
+    if ietf {
+        lines.push(&RATELIMIT_POLICY, &rate.policy_header);
+        lines
+            .line(&RATELIMIT)
+            .value(&rate.ratelimit_prefix)
+            .number(d.remaining)
+            .value(&T_PARAM)
+            .number(t);
     }
-    if cfg.headers.legacy {
+    if legacy {
         // The limit's own, built with the config, unless the decision was made on another
         // quota (the local fallback's).
-        let x_limit = if d.limit == rate.quota.limit {
-            rate.limit_header.clone()
+        if d.limit == rate.quota.limit {
+            lines.push(&X_LIMIT, &rate.limit_header);
         } else {
-            HeaderValue::from(d.limit)
+            lines.push_number(&X_LIMIT, d.limit);
+        }
+        lines.push_number(&X_REMAINING, d.remaining);
+        let ms = if d.allowed {
+            d.reset_after_ms
+        } else {
+            d.retry_after_ms
         };
-        let _ = resp.insert_header(&X_LIMIT, x_limit);
-        insert(resp, &X_REMAINING, &values, x_remaining);
-        insert(resp, &X_RESET, &values, x_reset);
+        lines.push_number(&X_RESET, (now_ms + ms).div_ceil(1000));
     }
     if !d.allowed {
-        insert(resp, &RETRY_AFTER, &values, retry_after);
+        lines.push_number(&RETRY_AFTER, t);
     }
 }
 
-/// Header values written one after another into one buffer.
-struct Values(Vec<u8>);
-
-fn push_u64(b: &mut Vec<u8>, n: u64) {
-    b.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-}
-
-impl Values {
-    fn new(capacity: usize) -> Self {
-        Values(Vec::with_capacity(capacity))
-    }
-
-    fn extend(&mut self, bytes: &[u8]) {
-        self.0.extend_from_slice(bytes);
-    }
-
-    /// Append `n` in decimal; its range in the buffer.
-    fn number(&mut self, n: u64) -> Range<usize> {
-        let start = self.0.len();
-        push_u64(&mut self.0, n);
-        start..self.0.len()
-    }
-
-    fn done(self) -> Bytes {
-        Bytes::from(self.0)
-    }
-}
-
-fn insert(resp: &mut ResponseHeader, name: &StaticHeaderName, values: &Bytes, r: Range<usize>) {
-    // Valid by construction (digits, and a limit name the config checked); a value that were
-    // not would be left out, never sent malformed.
-    if let Ok(v) = HeaderValue::from_maybe_shared(values.slice(r)) {
-        let _ = resp.insert_header(name, v);
+/// Remove from the response's map the headers of `names` whose flag is set, when it has any:
+/// an upstream's own give way to the gateway's, which go out as encoded lines. One pass over
+/// the map's names finds none in the usual case, most at the first test: a name of a length
+/// none of `names` has.
+fn replace(resp: &mut ResponseHeader, names: &[(bool, &HeaderName)]) {
+    let lengths = names
+        .iter()
+        .fold(0u64, |m, (_, n)| m | (1 << n.as_str().len().min(63)));
+    let ours = |k: &HeaderName| {
+        let k = k.as_str();
+        lengths & (1 << k.len().min(63)) != 0 && names.iter().any(|(on, n)| *on && n.as_str() == k)
+    };
+    if resp.headers.keys().any(ours) {
+        for (_, name) in names.iter().filter(|(on, _)| *on) {
+            resp.remove_header(*name);
+        }
     }
 }
 
 /// Say that the answer was decided under failure policy `policy` while the store could not
 /// answer.
 pub fn degraded(resp: &mut ResponseHeader, policy: OnError) {
-    let _ = resp.insert_header(&DEGRADED_NAME, policy.degraded_header());
+    replace(resp, &[(true, &DEGRADED_NAME)]);
+    resp.encoded_headers_mut().push(
+        &DEGRADED_NAME,
+        &HeaderValue::from_static(policy.degraded_header()),
+    );
 }
 
 #[cfg(test)]
@@ -179,11 +161,10 @@ mod tests {
             (allow, "x-ratelimit-reset: 1042\r\n"),
             (deny, "x-ratelimit-reset: 1003\r\nretry-after: 3\r\n"),
         ] {
-            // An upstream's head, sized to the two headers it came with.
+            // An upstream's head.
             let mut resp = ResponseHeader::build(200, Some(2)).expect("status");
             resp.insert_header("Server", "up").expect("valid");
             resp.insert_header("Date", "now").expect("valid");
-            resp.reserve(count(&cfg, &d, true));
             apply(&cfg, 0, None, &d, 1_000_500, &mut resp);
             degraded(&mut resp, OnError::Local);
             let r = if d.allowed { "r=47;t=42" } else { "r=0;t=3" };
@@ -211,11 +192,46 @@ mod tests {
             let mut resp = ResponseHeader::build(200, None).expect("status");
             let d = Decision::allow(limit, remaining, 1_000);
             apply(&cfg, 0, None, &d, 0, &mut resp);
-            let header = |name: &str| resp.headers.get(name).expect(name).to_str().expect("ascii");
+            // As HTTP/2 would send them: the encoded lines joined to the map.
+            let parts = resp.as_owned_parts();
+            let header = |name: &str| parts.headers[name].to_str().expect("ascii");
             assert_eq!(header("x-ratelimit-limit"), limit.to_string());
             assert_eq!(header("x-ratelimit-remaining"), remaining.to_string());
             assert_eq!(header("ratelimit"), format!("\"per-ip\";r={remaining};t=1"));
         }
+    }
+
+    #[test]
+    fn the_gateways_headers_replace_an_upstreams_of_the_same_names_and_no_others() {
+        let cfg = per_ip_config();
+        let d = Decision::allow(100, 47, 41_001);
+        let mut resp = ResponseHeader::build(200, Some(4)).expect("status");
+        resp.insert_header("X-RateLimit-Remaining", "5")
+            .expect("valid");
+        resp.append_header("RateLimit", "\"up\";r=5;t=9")
+            .expect("valid");
+        resp.append_header("RateLimit", "\"up2\";r=1;t=9")
+            .expect("valid");
+        // Not the gateway's on an admitted answer: kept.
+        resp.insert_header("Retry-After", "7").expect("valid");
+        resp.insert_header("Tollgate-Degraded", "upstream's")
+            .expect("valid");
+        apply(&cfg, 0, None, &d, 1_000_500, &mut resp);
+        assert_eq!(
+            wire(&resp),
+            "Retry-After: 7\r\nTollgate-Degraded: upstream's\r\n\
+             ratelimit-policy: \"per-ip\";q=100;w=60\r\n\
+             ratelimit: \"per-ip\";r=47;t=42\r\n\
+             x-ratelimit-limit: 100\r\nx-ratelimit-remaining: 47\r\n\
+             x-ratelimit-reset: 1042\r\n"
+        );
+        degraded(&mut resp, OnError::Deny);
+        let parts = resp.as_owned_parts();
+        assert_eq!(parts.headers["retry-after"], "7");
+        let values: Vec<_> = parts.headers.get_all(DEGRADED).iter().collect();
+        assert_eq!(values, [OnError::Deny.degraded_header()]);
+        // Each header once, the upstream's copies gone.
+        assert_eq!(parts.headers.len(), 7);
     }
 
     #[test]

@@ -134,6 +134,9 @@ pub struct Limit {
 }
 
 /// What a limit counts.
+// A spec is built once with its config and read in place on every check; boxing the rate
+// spec to even the variants out would add a pointer to follow on each of them.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Spec {
     Rate(RateSpec),
@@ -148,6 +151,8 @@ pub struct RateSpec {
     pub local_quota: Quota,
     /// Pre-built `RateLimit-Policy` item: `"name";q=100;w=60`.
     pub policy_header: HeaderValue,
+    /// The start of the `RateLimit` item, up to its `r`: `"name";r=`.
+    pub ratelimit_prefix: HeaderValue,
     /// Pre-built `X-RateLimit-Limit` value: the limit, `100`.
     pub limit_header: HeaderValue,
     /// The window as written in the file (`1m`), for problem details.
@@ -236,6 +241,8 @@ fn rate_spec(
         local_quota,
         // A name that is not a valid header value is reported by validation.
         policy_header: HeaderValue::from_str(&policy).unwrap_or(HeaderValue::from_static("")),
+        ratelimit_prefix: HeaderValue::from_str(&format!("\"{name}\";r="))
+            .unwrap_or(HeaderValue::from_static("")),
         limit_header: HeaderValue::from(limit),
         refusal_body: RateLimitedBody::new(name, limit, &window_label, window_ms),
         window_label,

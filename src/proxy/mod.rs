@@ -224,7 +224,6 @@ impl Gateway {
         }
         let decisive = ctx.config.as_ref().zip(ctx.decisive.as_ref());
         if let Some((cfg, (id, d))) = decisive.filter(|(cfg, _)| cfg.headers.on_admitted) {
-            upstream_response.reserve(headers::count(cfg, d, ctx.degraded.is_some()));
             let spec = ctx.overrides.as_deref().and_then(|o| o.rate(*id));
             headers::apply(
                 cfg,

@@ -45,6 +45,9 @@ mod case_header_name;
 use case_header_name::CaseHeaderName;
 pub use case_header_name::{IntoCaseHeaderName, StaticHeaderName};
 
+mod encoded;
+pub use encoded::{EncodedHeaders, EncodedLine};
+
 pub mod prelude {
     pub use crate::RequestHeader;
     pub use crate::ResponseHeader;
@@ -525,6 +528,8 @@ pub struct ResponseHeader {
     header_name_map: Option<CaseMap>,
     // the reason phrase of the response, if unset, a default one will be used
     reason_phrase: Option<String>,
+    // header lines added already encoded, written after the map's
+    encoded: EncodedHeaders,
 }
 
 impl AsRef<RespParts> for ResponseHeader {
@@ -544,9 +549,11 @@ impl Deref for ResponseHeader {
 impl Clone for ResponseHeader {
     fn clone(&self) -> Self {
         Self {
-            base: self.as_owned_parts(),
+            // The map alone: the encoded lines are cloned as lines.
+            base: clone_resp_parts(&self.base),
             header_name_map: self.header_name_map.clone(),
             reason_phrase: self.reason_phrase.clone(),
+            encoded: self.encoded.clone(),
         }
     }
 }
@@ -558,19 +565,23 @@ impl From<RespParts> for ResponseHeader {
             base: parts,
             header_name_map: None,
             reason_phrase: None,
+            encoded: EncodedHeaders::new(),
         }
     }
 }
 
+// The encoded header lines join the map.
 impl From<ResponseHeader> for RespParts {
     fn from(resp: ResponseHeader) -> RespParts {
-        resp.base
+        let mut base = resp.base;
+        resp.encoded.append_to(&mut base.headers);
+        base
     }
 }
 
 impl From<Box<ResponseHeader>> for Box<RespParts> {
     fn from(resp: Box<ResponseHeader>) -> Box<RespParts> {
-        Box::new(resp.base)
+        Box::new(RespParts::from(*resp))
     }
 }
 
@@ -590,6 +601,7 @@ impl ResponseHeader {
             base,
             header_name_map: None,
             reason_phrase: None,
+            encoded: EncodedHeaders::new(),
         }
     }
 
@@ -677,15 +689,32 @@ impl ResponseHeader {
         )
     }
 
-    /// Write the header to the `buf` in HTTP/1.1 wire format.
+    /// Write the header to the `buf` in HTTP/1.1 wire format: the map's headers, then the
+    /// [encoded header lines](Self::encoded_headers).
     ///
     /// The header case will be preserved.
     pub fn header_to_h1_wire(&self, buf: &mut impl BufMut) {
-        header_to_h1_wire(self.header_name_map.as_ref(), &self.base.headers, buf)
+        header_to_h1_wire(self.header_name_map.as_ref(), &self.base.headers, buf);
+        if !self.encoded.is_empty() {
+            buf.put_slice(self.encoded.as_bytes());
+        }
+    }
+
+    /// The header lines added already encoded: written after the map's headers, and not in
+    /// the map (see [EncodedHeaders]).
+    pub fn encoded_headers(&self) -> &EncodedHeaders {
+        &self.encoded
+    }
+
+    /// Add header lines encoded once, for headers added on the way out and not looked up
+    /// again (see [EncodedHeaders]).
+    pub fn encoded_headers_mut(&mut self) -> &mut EncodedHeaders {
+        &mut self.encoded
     }
 
     /// If case sensitivity is enabled, returns an iterator to iterate over case-sensitive header names and values.
-    /// Otherwise returns an empty iterator.
+    /// Otherwise returns an empty iterator. The [encoded header lines](Self::encoded_headers)
+    /// are not among them.
     ///
     /// Headers of the same name are visited in insertion order.
     pub fn case_header_iter(&self) -> impl Iterator<Item = (&CaseHeaderName, &HeaderValue)> + '_ {
@@ -697,6 +726,8 @@ impl ResponseHeader {
         self.header_name_map.is_some()
     }
 
+    /// Call `f` with each header of the map; the [encoded header lines](Self::encoded_headers)
+    /// are not among them.
     pub fn map<F: FnMut(HeaderNameVariant, &HeaderValue) -> Result<()>>(
         &self,
         mut f: F,
@@ -763,9 +794,12 @@ impl ResponseHeader {
             .or_else(|| self.base.status.canonical_reason())
     }
 
-    /// Clone `self` into [http::response::Parts].
+    /// Clone `self` into [http::response::Parts], the [encoded header
+    /// lines](Self::encoded_headers) appended to its map.
     pub fn as_owned_parts(&self) -> RespParts {
-        clone_resp_parts(&self.base)
+        let mut parts = clone_resp_parts(&self.base);
+        self.encoded.append_to(&mut parts.headers);
+        parts
     }
 
     /// Helper function to set the HTTP content length on the response header.
@@ -1177,6 +1211,35 @@ fn case_header_iter<'a>(
 mod tests {
     use super::*;
     use bytes::BytesMut;
+
+    #[test]
+    fn encoded_lines_go_out_after_the_map_once_whichever_way_the_header_goes() {
+        const RL: HeaderName = HeaderName::from_static("ratelimit");
+        let mut resp = ResponseHeader::build(200, None).unwrap();
+        resp.insert_header("Server", "x").unwrap();
+        resp.encoded_headers_mut().push_number(&RL, 9);
+        resp.insert_header("Date", "y").unwrap();
+        let mut wire = BytesMut::new();
+        resp.header_to_h1_wire(&mut wire);
+        assert_eq!(&wire[..], b"Server: x\r\nDate: y\r\nratelimit: 9\r\n");
+        assert!(resp.headers.get("ratelimit").is_none());
+        // A clone keeps them as lines, not in its map as well.
+        let copy = resp.clone();
+        assert!(copy.headers.get("ratelimit").is_none());
+        assert_eq!(copy.encoded_headers(), resp.encoded_headers());
+        // Into parts (HTTP/2), they join the map, once.
+        assert_eq!(
+            resp.as_owned_parts()
+                .headers
+                .get_all("ratelimit")
+                .iter()
+                .count(),
+            1
+        );
+        let parts: Box<RespParts> = Box::new(copy).into();
+        assert_eq!(parts.headers["ratelimit"], "9");
+        assert_eq!(parts.headers.len(), 3);
+    }
 
     #[test]
     fn reserve_keeps_both_maps_from_growing() {
