@@ -5,8 +5,6 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use smallvec::SmallVec;
-
 use crate::limit::Algorithm;
 
 /// A limit's counter for one caller: BLAKE3 of the limit name and the key parts, truncated to
@@ -18,18 +16,15 @@ impl CounterKey {
     /// Build a key from the limit name and its parts. Each part is length-prefixed so that
     /// `("ab","c")` and `("a","bc")` differ.
     /// The bytes are gathered first and hashed in one call, which is the same digest as
-    /// feeding them to BLAKE3's streaming hasher one by one (and about half its cost); a key
-    /// longer than the inline buffer (a long header value) spills to the heap.
+    /// feeding them to BLAKE3's streaming hasher one by one (and about half its cost).
     pub fn new<'a>(limit: &str, parts: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        let mut input: SmallVec<[u8; 256]> = SmallVec::new();
-        input.extend_from_slice(&(limit.len() as u32).to_le_bytes());
-        input.extend_from_slice(limit.as_bytes());
+        let mut input = Input::new();
+        input.part(limit.as_bytes());
         for p in parts {
-            input.extend_from_slice(&(p.len() as u32).to_le_bytes());
-            input.extend_from_slice(p);
+            input.part(p);
         }
         let mut out = [0u8; 16];
-        out.copy_from_slice(&blake3::hash(&input).as_bytes()[..16]);
+        out.copy_from_slice(&blake3::hash(input.bytes()).as_bytes()[..16]);
         CounterKey(out)
     }
 
@@ -84,6 +79,50 @@ impl CounterKey {
             pair.copy_from_slice(&HEX_PAIRS[usize::from(b)]);
         }
         hex
+    }
+}
+
+/// The bytes a key is hashed from, gathered on the stack while they fit; a longer input (a
+/// long header value) moves to the heap. Plain copies into an array: a `SmallVec` cost some
+/// 200 instructions more per key in its capacity checks.
+struct Input {
+    stack: [u8; 256],
+    len: usize,
+    heap: Vec<u8>,
+}
+
+impl Input {
+    fn new() -> Self {
+        Input {
+            stack: [0; 256],
+            len: 0,
+            heap: Vec::new(),
+        }
+    }
+
+    /// Append `p`, after its length (4 bytes, little-endian).
+    fn part(&mut self, p: &[u8]) {
+        let prefix = (p.len() as u32).to_le_bytes();
+        let (start, end) = (self.len, self.len + 4 + p.len());
+        if self.heap.is_empty() && end <= self.stack.len() {
+            self.stack[start..start + 4].copy_from_slice(&prefix);
+            self.stack[start + 4..end].copy_from_slice(p);
+            self.len = end;
+            return;
+        }
+        if self.heap.is_empty() {
+            self.heap.extend_from_slice(&self.stack[..start]);
+        }
+        self.heap.extend_from_slice(&prefix);
+        self.heap.extend_from_slice(p);
+    }
+
+    fn bytes(&self) -> &[u8] {
+        if self.heap.is_empty() {
+            &self.stack[..self.len]
+        } else {
+            &self.heap
+        }
     }
 }
 
@@ -164,11 +203,18 @@ mod tests {
             h.finalize().as_bytes()[..16].to_vec()
         };
         let long = vec![7u8; 5000];
-        let cases: [(&str, Vec<&[u8]>); 4] = [
+        // With the name `e` (4 + 1 bytes) and a part's 4-byte prefix, 247 bytes fill the
+        // 256 gathered on the stack exactly; 248 spill, as does a second part after them.
+        let (fill, spill) = (vec![1u8; 247], vec![2u8; 248]);
+        let cases: [(&str, Vec<&[u8]>); 8] = [
             ("per-ip", vec![&[127, 0, 0, 1][..]]),
             ("none", vec![]),
             ("h", vec![&b"tenant"[..], &b"GET"[..]]),
             ("long", vec![&long[..], &b"x"[..]]),
+            ("e", vec![&fill[..]]),
+            ("e", vec![&spill[..]]),
+            ("e", vec![&fill[..], &b""[..], &b"y"[..]]),
+            ("e", vec![&b"x"[..], &long[..], &fill[..]]),
         ];
         for (limit, parts) in cases {
             let k = CounterKey::new(limit, parts.iter().copied());

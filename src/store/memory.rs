@@ -70,14 +70,17 @@ impl MemoryStore {
         if !admit {
             return;
         }
-        for (key, o) in outcomes {
-            let Some(state) = o.next else { continue };
-            let shard = locked.map_mut(&key);
-            if shard.len() >= self.shard_cap && !shard.contains_key(&key) {
+        // In place: moving the outcomes out would copy the whole (inline) vector first.
+        for (key, o) in outcomes.iter_mut() {
+            let Some(state) = o.next.take() else {
+                continue;
+            };
+            let shard = locked.map_mut(key);
+            if shard.len() >= self.shard_cap && !shard.contains_key(key) {
                 self.make_room(shard, now);
             }
             shard.insert(
-                key,
+                *key,
                 Entry {
                     state,
                     expires_at: o.expires_at,
