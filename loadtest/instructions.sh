@@ -57,7 +57,7 @@ for row in "$@"; do
   callgrind_control -d "$pid" >/dev/null 2>&1
   kill "$pid"; wait "$pid" 2>/dev/null || true
   total=$(grep -h '^totals:' "$dir/$label.cg".* | tail -1 | awk '{print $2}')
-  [ -n "${KEEP:-}" ] && cp "$dir/$label.cg".* "$KEEP/"
+  [ -n "${KEEP:-}" ] && mkdir -p "$KEEP" && cp "$dir/$label.cg".* "$KEEP/"
   per=$((total / n))
   base=${base:-$per}
   python3 -c "print(f'| $label | {$per:,} | {$per / $base:.3f} |')"
