@@ -96,6 +96,8 @@ pub fn decide(
         route: &cfg.routes[r],
         method: &method,
         headers,
+        // No connection: every key is hashed, as for a request's first on a connection.
+        keys: None,
     };
     let mut report = Report::default();
     let admitted = now_or_never(admit(store, &req, now, &mut report)).expect("admitted");

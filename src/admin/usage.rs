@@ -84,6 +84,7 @@ fn counters(
             route: route_ref,
             method: &Method::GET,
             headers: &headers,
+            keys: None,
         };
         let Some(key) = req.counter_key(&l.name, &l.key) else {
             continue;

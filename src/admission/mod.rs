@@ -25,7 +25,7 @@ use crate::config::{Config, KeyPart, LimitId, OnError, Route};
 use crate::identity::Caller;
 use crate::limit::Decision;
 use crate::refusal::Refusal;
-use crate::store::{CounterKey, HeldSlots, Store, StoreError};
+use crate::store::{CounterKey, HeldSlots, KeyMemo, Store, StoreError};
 
 /// What the limiter needs to know about one request.
 pub struct Request<'a> {
@@ -35,6 +35,8 @@ pub struct Request<'a> {
     pub route: &'a Route,
     pub method: &'a Method,
     pub headers: &'a HeaderMap,
+    /// The counter keys of the connection the request came on, if it has a memo of them.
+    pub keys: Option<&'a KeyMemo>,
 }
 
 /// Where a decision was made.
@@ -234,7 +236,11 @@ impl Request<'_> {
                 KeyPart::Header(h) => self.headers.get(h)?.as_bytes(),
             };
         }
-        Some(CounterKey::new(name, bytes[..parts.len()].iter().copied()))
+        Some(CounterKey::remembered(
+            self.keys,
+            name,
+            bytes[..parts.len()].iter().copied(),
+        ))
     }
 
     /// The limits of one kind that apply to this request, with their keys: the route's (its

@@ -45,6 +45,7 @@ fn request<'a>(cfg: &'a Config, c: &'a Caller<'a>, h: &'a HeaderMap) -> Request<
         route: &cfg.routes[0],
         method: &Method::GET,
         headers: h,
+        keys: None,
     }
 }
 

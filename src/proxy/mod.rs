@@ -164,6 +164,7 @@ impl Gateway {
             route,
             method: &req.method,
             headers: &req.headers,
+            keys: ConnState::of(session).map(|c| c.keys()),
         };
         if !request.has_limits() {
             return Ok(Admitted::default());

@@ -18,14 +18,33 @@ impl CounterKey {
     /// The bytes are gathered first and hashed in one call, which is the same digest as
     /// feeding them to BLAKE3's streaming hasher one by one (and about half its cost).
     pub fn new<'a>(limit: &str, parts: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        Self::remembered(None, limit, parts)
+    }
+
+    /// [`CounterKey::new`], looked up first in `memo` (a connection's keys) and kept there.
+    /// The same bytes give the same key, so a remembered key is the one hashing would give.
+    pub fn remembered<'a>(
+        memo: Option<&KeyMemo>,
+        limit: &str,
+        parts: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Self {
         let mut input = Input::new();
         input.part(limit.as_bytes());
         for p in parts {
             input.part(p);
         }
+        let bytes = input.bytes();
+        let memo = memo.filter(|_| bytes.len() <= MEMO_INPUT);
+        if let Some(key) = memo.and_then(|m| m.get(bytes)) {
+            return key;
+        }
         let mut out = [0u8; 16];
-        out.copy_from_slice(&blake3::hash(input.bytes()).as_bytes()[..16]);
-        CounterKey(out)
+        out.copy_from_slice(&blake3::hash(bytes).as_bytes()[..16]);
+        let key = CounterKey(out);
+        if let Some(m) = memo {
+            m.keep(bytes, key);
+        }
+        key
     }
 
     /// The key of this counter's state under algorithm `a`: the same shard (byte 0 is kept),
@@ -79,6 +98,62 @@ impl CounterKey {
             pair.copy_from_slice(&HEX_PAIRS[usize::from(b)]);
         }
         hex
+    }
+}
+
+/// The longest input a [`KeyMemo`] keeps: a limit name and an IP address, an API key's hash
+/// or a short header value.
+const MEMO_INPUT: usize = 64;
+
+/// The counter keys a connection's requests were given lately, with the bytes each was hashed
+/// from. A keep-alive connection's requests mostly come from one caller, so their keys
+/// (BLAKE3 of the limit name and the caller's parts, about 1,000 instructions each) are
+/// hashed once per connection rather than once per request; a request whose bytes are not
+/// here (another caller behind a proxy, a longer key) is hashed as before. Four entries,
+/// replaced in turn.
+#[derive(Default)]
+pub struct KeyMemo(parking_lot::Mutex<Memo>);
+
+impl fmt::Debug for KeyMemo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kept = self.0.lock().entries.iter().flatten().count();
+        f.debug_struct("KeyMemo").field("kept", &kept).finish()
+    }
+}
+
+#[derive(Default)]
+struct Memo {
+    entries: [Option<Remembered>; 4],
+    next: usize,
+}
+
+struct Remembered {
+    len: usize,
+    input: [u8; MEMO_INPUT],
+    key: CounterKey,
+}
+
+impl KeyMemo {
+    fn get(&self, input: &[u8]) -> Option<CounterKey> {
+        let memo = self.0.lock();
+        memo.entries
+            .iter()
+            .flatten()
+            .find(|e| e.input[..e.len] == *input)
+            .map(|e| e.key)
+    }
+
+    fn keep(&self, input: &[u8], key: CounterKey) {
+        let mut copy = [0u8; MEMO_INPUT];
+        copy[..input.len()].copy_from_slice(input);
+        let mut memo = self.0.lock();
+        let slot = memo.next;
+        memo.entries[slot] = Some(Remembered {
+            len: input.len(),
+            input: copy,
+            key,
+        });
+        memo.next = (slot + 1) % memo.entries.len();
     }
 }
 
@@ -227,6 +302,37 @@ mod tests {
     }
 
     /// Every byte value as its two lower-case hex digits, and back.
+    #[test]
+    fn a_remembered_key_is_the_hashed_one_and_the_memo_keeps_four_short_inputs() {
+        let memo = KeyMemo::default();
+        let kept = |m: &KeyMemo| m.0.lock().entries.iter().flatten().count();
+        let ip = |last: u8| [10, 0, 0, last];
+        for round in 0..2 {
+            for last in 1..=6u8 {
+                let parts = [&ip(last)[..], &b"GET"[..]];
+                let key = CounterKey::remembered(Some(&memo), "per-ip", parts);
+                assert_eq!(key, CounterKey::new("per-ip", parts), "{round} {last}");
+            }
+        }
+        // Six callers through four entries: the last four are there, in turn.
+        assert_eq!(kept(&memo), 4);
+        let entry_of = |last: u8| {
+            let parts = [&ip(last)[..], &b"GET"[..]];
+            let mut input = Input::new();
+            input.part(b"per-ip");
+            parts.iter().for_each(|p| input.part(p));
+            memo.get(input.bytes())
+        };
+        assert!(entry_of(2).is_none());
+        assert_eq!(entry_of(6), Some(CounterKey::new("per-ip", [&ip(6)[..], &b"GET"[..]])));
+        // An input past 64 bytes is hashed, not kept.
+        let long = [7u8; 60];
+        let key = CounterKey::remembered(Some(&memo), "per-ip", [&long[..]]);
+        assert_eq!(key, CounterKey::new("per-ip", [&long[..]]));
+        assert_eq!(kept(&memo), 4);
+        assert!(entry_of(6).is_some(), "the long input took no entry");
+    }
+
     #[test]
     fn hex_has_two_digits_per_byte_for_every_byte() {
         for b in 0..=255u8 {

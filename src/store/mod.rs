@@ -35,7 +35,7 @@ use crate::config::{LimitId, StoreSettings};
 use crate::limit::{Decision, Quota};
 
 pub use self::redis::RedisStore;
-pub use key::CounterKey;
+pub use key::{CounterKey, KeyMemo};
 pub use lease::Leases;
 pub use leased::{bit_set, FromLease};
 pub use memory::MemoryStore;
