@@ -324,7 +324,10 @@ mod tests {
             memo.get(input.bytes())
         };
         assert!(entry_of(2).is_none());
-        assert_eq!(entry_of(6), Some(CounterKey::new("per-ip", [&ip(6)[..], &b"GET"[..]])));
+        assert_eq!(
+            entry_of(6),
+            Some(CounterKey::new("per-ip", [&ip(6)[..], &b"GET"[..]]))
+        );
         // An input past 64 bytes is hashed, not kept.
         let long = [7u8; 60];
         let key = CounterKey::remembered(Some(&memo), "per-ip", [&long[..]]);
