@@ -18,24 +18,35 @@
 # cycle count is the work the proxy's threads did, however long the machine kept them waiting;
 # CPU time from /proc also moves with what else the host runs.
 #
-# Usage: loadtest/profile.sh [-s SECONDS] [-d N] [-c ROUNDS] ROW...
+# With -t ROUNDS it counts `perf stat -e task-clock` (a software event: it works where the
+# machine has no hardware counters) per request instead, in the same interleaved rounds, and
+# prints each row's median and the median of its per-round ratios to the first row. A row's
+# measurement and the first row's in the same round are at most a few tens of seconds apart,
+# so most of the machine's drift from minute to minute (up to a fifth on these machines)
+# cancels in the ratio; put the row to compare with first, and few rows.
+#
+# Usage: loadtest/profile.sh [-s SECONDS] [-d N] [-c ROUNDS | -t ROUNDS] ROW...
 #   ROW: nginx (NGINX + limit_req, as in proxy.sh; one worker), or LABEL=BINARY=CONFIG[=FLAGS]
 #   as for cpu.sh, e.g. bare=target/release/examples/bare_pingora=loadtest/configs/no-limits-nolog.yaml
 #   -d N lists the N leaf functions with the most cycles under each phase's table.
 #   With KEEP=DIR each row's perf data is kept as DIR/LABEL.perf.data (for `perf report -i`), and
 #   its request count as DIR/LABEL.requests.
-# Needs perf (Debian's linux-perf) with access to hardware cycles: `perf stat -e cycles true`.
+# Needs perf (Debian's linux-perf) with access to hardware cycles: `perf stat -e cycles true`
+# (for -t, perf alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-secs=5 detail=0 count_rounds=0
-while getopts s:d:c: o; do
-  case $o in s) secs=$OPTARG ;; d) detail=$OPTARG ;; c) count_rounds=$OPTARG ;; *) exit 2 ;; esac
+secs=5 detail=0 count_rounds=0 clock_rounds=0
+while getopts s:d:c:t: o; do
+  case $o in
+    s) secs=$OPTARG ;; d) detail=$OPTARG ;; c) count_rounds=$OPTARG ;; t) clock_rounds=$OPTARG ;;
+    *) exit 2 ;;
+  esac
 done
 shift $((OPTIND - 1))
-[ $# -ge 1 ] || { sed -n '2,26p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,32p' "$0" >&2; exit 2; }
 source loadtest/bench_lib.sh
 need nginx nginx; need wrk wrk; need perf linux-perf; need taskset util-linux; need python3 python3
-perf stat -e cycles true >/dev/null 2>&1 || {
+[ "$clock_rounds" -gt 0 ] || perf stat -e cycles true >/dev/null 2>&1 || {
   echo "perf cannot count cycles on this machine (perf stat -e cycles true failed)" >&2
   exit 1
 }
@@ -60,6 +71,40 @@ done
 sleep 2
 # NGINX's workers are its master's children, there by now.
 for label in "${labels[@]}"; do procs[$label]=$(tree "${procs[$label]}"); done
+
+if [ "$clock_rounds" -gt 0 ]; then
+  clock_row() { # label -> task-clock µs per request
+    local port=${ports[$1]} out reqs
+    taskset -c "$LOAD_CPUS" wrk -t1 -c50 -d2s "http://127.0.0.1:$port/" >/dev/null
+    perf stat -x, -e task-clock -p "$(echo ${procs[$1]} | tr ' ' ,)" -o "$dir/$1.stat" -- sleep "$secs" & rec=$!
+    out=$(taskset -c "$LOAD_CPUS" wrk -t1 -c50 -d"${secs}s" "http://127.0.0.1:$port/")
+    wait "$rec"
+    reqs=$(echo "$out" | awk '/requests in/ {print $1}')
+    awk -F, -v n="$reqs" -v row="$1" '$3 == "task-clock" {ms = $1}
+      END {
+        if (ms == "") { print "row " row ": perf counted no task-clock" > "/dev/stderr"; exit 1 }
+        printf "%.3f\n", ms * 1000 / n
+      }' "$dir/$1.stat"
+  }
+  interleave "$clock_rounds" "$dir/clock" clock_row "${labels[@]}"
+  python3 - "$dir/clock" "${labels[@]}" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    label, v = line.split()
+    rows.setdefault(label, []).append(float(v))
+labels = sys.argv[2:]
+first = rows[labels[0]]
+print(f"| row | task-clock µs/req (median) | ÷ {labels[0]}, median of rounds | ÷ {labels[0]}, rounds |")
+print("|---|---|---|---|")
+for l in labels:
+    ratios = [a / b for a, b in zip(rows[l], first)]
+    spread = ", ".join(f"{r:.3f}" for r in ratios)
+    print(f"| {l} | {statistics.median(rows[l]):.2f} | {statistics.median(ratios):.3f} | {spread} |")
+PY
+  echo "(perf stat -e task-clock for ${secs}s under wrk -t1 -c50, $clock_rounds interleaved rounds; proxies on CPUs $PROXY_CPUS; wrk and the upstream on CPUs $LOAD_CPUS)"
+  exit 0
+fi
 
 if [ "$count_rounds" -gt 0 ]; then
   count_row() { # label -> "cycles:u cycles:k instructions:u instructions:k" per request
