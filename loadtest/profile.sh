@@ -43,7 +43,7 @@ while getopts s:d:c:t: o; do
   esac
 done
 shift $((OPTIND - 1))
-[ $# -ge 1 ] || { sed -n '2,32p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,35p' "$0" >&2; exit 2; }
 source loadtest/bench_lib.sh
 need nginx nginx; need wrk wrk; need perf linux-perf; need taskset util-linux; need python3 python3
 [ "$clock_rounds" -gt 0 ] || perf stat -e cycles true >/dev/null 2>&1 || {
