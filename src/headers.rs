@@ -29,16 +29,20 @@ const T_PARAM: HeaderValue = HeaderValue::from_static(";t=");
 
 /// Seconds for `t` and `Retry-After`.
 pub fn seconds(d: &Decision) -> u64 {
-    let ms = if d.allowed {
-        d.reset_after_ms
-    } else {
-        d.retry_after_ms
-    };
-    let s = ms.div_ceil(1000);
+    let s = until_ms(d).div_ceil(1000);
     if d.allowed {
         s
     } else {
         s.max(1)
+    }
+}
+
+/// The ms until `t`: until the quota is restored, or on a denial until a retry can succeed.
+fn until_ms(d: &Decision) -> u64 {
+    if d.allowed {
+        d.reset_after_ms
+    } else {
+        d.retry_after_ms
     }
 }
 
@@ -91,12 +95,7 @@ pub fn apply(
             lines.push_number(&X_LIMIT, d.limit);
         }
         lines.push_number(&X_REMAINING, d.remaining);
-        let ms = if d.allowed {
-            d.reset_after_ms
-        } else {
-            d.retry_after_ms
-        };
-        lines.push_number(&X_RESET, (now_ms + ms).div_ceil(1000));
+        lines.push_number(&X_RESET, (now_ms + until_ms(d)).div_ceil(1000));
     }
     if !d.allowed {
         lines.push_number(&RETRY_AFTER, t);

@@ -158,17 +158,19 @@ impl Gateway {
 
         // 4. Every limit that applies: a slot of each concurrency limit, then every rate
         // limit in one store call; the most restrictive decides.
-        let request = Request {
+        let mut request = Request {
             cfg,
             caller: &caller,
             route,
             method: &req.method,
             headers: &req.headers,
-            keys: ConnState::of(session).map(|c| c.keys()),
+            keys: None,
         };
         if !request.has_limits() {
             return Ok(Admitted::default());
         }
+        // The connection's remembered keys, looked up only for a request that needs keys.
+        request.keys = ConnState::of(session).map(|c| c.keys());
         let mut report = Report::default();
         let started = std::time::Instant::now();
         let outcome =

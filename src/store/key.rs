@@ -301,7 +301,6 @@ mod tests {
         );
     }
 
-    /// Every byte value as its two lower-case hex digits, and back.
     #[test]
     fn a_remembered_key_is_the_hashed_one_and_the_memo_keeps_four_short_inputs() {
         let memo = KeyMemo::default();
@@ -336,6 +335,7 @@ mod tests {
         assert!(entry_of(6).is_some(), "the long input took no entry");
     }
 
+    /// Every byte value as its two lower-case hex digits, and back.
     #[test]
     fn hex_has_two_digits_per_byte_for_every_byte() {
         for b in 0..=255u8 {
