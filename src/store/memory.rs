@@ -55,6 +55,9 @@ impl MemoryStore {
     /// Check all of a request's limits atomically; see the module docs.
     pub fn check(&self, checks: &[Check], now: u64, out: &mut Decisions) {
         out.clear();
+        if let [c] = checks {
+            return self.check_one(c, now, out);
+        }
         let mut locked = self.shards.lock(checks.iter().map(|c| &c.key));
 
         // Each check's map key (its algorithm's own slot) with its outcome, computed once.
@@ -86,6 +89,36 @@ impl MemoryStore {
                     expires_at: o.expires_at,
                 },
             );
+        }
+    }
+
+    /// [`Self::check`] of a request with one limit, the common case: one shard locked, and
+    /// the key looked up once, its entry then written in place.
+    fn check_one(&self, c: &Check, now: u64, out: &mut Decisions) {
+        let key = c.key.for_algorithm(c.quota.algorithm);
+        let mut shard = self.shards.lock_one(&key);
+        let entry = shard.get_mut(&key);
+        let state = entry
+            .as_ref()
+            .filter(|e| e.expires_at > now)
+            .map(|e| &e.state);
+        let o = check(&c.quota, state, now, c.cost);
+        out.push(o.decision);
+        let Some(state) = o.next.filter(|_| o.decision.allowed || c.shadow) else {
+            return;
+        };
+        let new = Entry {
+            state,
+            expires_at: o.expires_at,
+        };
+        match entry {
+            Some(e) => *e = new,
+            None => {
+                if shard.len() >= self.shard_cap {
+                    self.make_room(&mut shard, now);
+                }
+                shard.insert(key, new);
+            }
         }
     }
 
