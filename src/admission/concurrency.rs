@@ -97,6 +97,22 @@ pub(super) async fn take(
     }
 }
 
+/// [`take`] where the store answers in this process and never fails (the memory store).
+pub(super) fn take_local(
+    store: &Arc<Store>,
+    req: &Request<'_>,
+    report: &mut Report,
+) -> Result<Taken, Refused> {
+    let mut claims = Claims::new();
+    req.concurrency_claims(&mut claims);
+    if claims.is_empty() {
+        return Ok(Taken::default());
+    }
+    let mut in_use = InUse::new();
+    let slots = store.take_local_slots(&claims, &mut in_use);
+    judge(&claims, &in_use, slots, (None, Source::Memory), report)
+}
+
 /// Every limit's decision is reported; the first full enforcing limit refuses.
 fn judge(
     claims: &[Claim],

@@ -182,12 +182,30 @@ pub async fn admit(
     report: &mut Report,
 ) -> Result<Admitted, Refused> {
     let taken = concurrency::take(store, req, report).await?;
-    let mut admitted = rate::check(store, req, now, report)
-        .await
-        .map_err(|mut r| {
-            r.degraded = r.degraded.or(taken.degraded);
-            r
-        })?;
+    both(taken, rate::check(store, req, now, report).await)
+}
+
+/// [`admit`] without a future, where the store answers in this process and never fails (the
+/// memory store): `None` for Redis, whose calls are awaited. The request path asks this first,
+/// so a memory-store request builds and polls no admission future.
+pub fn admit_local(
+    store: &Arc<Store>,
+    req: &Request<'_>,
+    now: u64,
+    report: &mut Report,
+) -> Option<Result<Admitted, Refused>> {
+    store.redis_store().is_none().then(|| {
+        let taken = concurrency::take_local(store, req, report)?;
+        both(taken, rate::check_local(store, req, now, report))
+    })
+}
+
+/// The outcome of the rate limits, with the concurrency slots `taken` before them.
+fn both(taken: concurrency::Taken, rate: Result<Admitted, Refused>) -> Result<Admitted, Refused> {
+    let mut admitted = rate.map_err(|mut r| {
+        r.degraded = r.degraded.or(taken.degraded);
+        r
+    })?;
     admitted.slots = taken.slots;
     admitted.degraded = admitted.degraded.or(taken.degraded);
     Ok(admitted)

@@ -106,6 +106,25 @@ pub(super) async fn check(
     }
 }
 
+/// [`check`] where the store answers in this process and never fails (the memory store: no
+/// over-limit cache, no leases).
+pub(super) fn check_local(
+    store: &Store,
+    req: &Request<'_>,
+    now: u64,
+    report: &mut Report,
+) -> Result<Admitted, Refused> {
+    let mut checks = Checks::new();
+    req.rate_checks(&mut checks);
+    if checks.is_empty() {
+        return verdict(req, None, now, None);
+    }
+    let mut decisions = Decisions::new();
+    store.local().counters.check(&checks, now, &mut decisions);
+    let decided = most_restrictive(&checks, &decisions, Source::Memory, 0, report);
+    verdict(req, decided, now, None)
+}
+
 /// The most restrictive enforcing decision; every limit's own decision is reported.
 fn most_restrictive(
     checks: &[Check],

@@ -139,3 +139,57 @@ async fn one_pipeline_for_both_kinds() {
     assert_eq!(store.local().slots.held(), 0);
     assert_eq!(store.slot_stats().requests_holding(), 0);
 }
+
+/// The request path's memory-store admission (`admit_local`, no future) decides exactly as
+/// `admit` does: the same outcome, decisive limit, remaining count, slots and report for every
+/// request of a sequence that fills the concurrency limit and runs out of the rate limit.
+/// A Redis store gets `None`: its calls are awaited.
+#[tokio::test]
+async fn admit_local_decides_as_admit() {
+    let cfg = config();
+    let (a_store, b_store) = (Arc::new(Store::memory(1000)), Arc::new(Store::memory(1000)));
+    let none = HeaderMap::new();
+    let anon = caller(&cfg, None);
+    let req = request(&cfg, &anon, &none);
+    let mut held = Vec::new();
+    let mut outcomes = Vec::new();
+    for i in 0..5u64 {
+        if i == 3 {
+            // The slots given back: the rate limit, spent by now, refuses.
+            held.clear();
+        }
+        let (mut ra, mut rb) = (Report::default(), Report::default());
+        let a = admit(&a_store, &req, 1_000 + i, &mut ra).await;
+        let b = admit_local(&b_store, &req, 1_000 + i, &mut rb).expect("memory decides at once");
+        let view = |r: &Result<Admitted, Refused>| match r {
+            Ok(a) => format!("ok {:?} {:?}", a.decisive, a.slots.is_some()),
+            Err(r) => match r.refusal {
+                Refusal::SlotsFull { .. } => "full".to_string(),
+                Refusal::RateLimited { decision, .. } => format!("rate {decision:?}"),
+                _ => format!("other {:?}", r.refusal),
+            },
+        };
+        assert_eq!(view(&a), view(&b), "request {i}");
+        assert_eq!(ra.decided, rb.decided, "request {i}");
+        outcomes.push(view(&b).split(' ').next().unwrap().to_string());
+        held.extend([a, b].into_iter().filter_map(|r| r.ok()?.slots));
+        if i == 1 {
+            assert_eq!(b_store.local().slots.held(), 2);
+        }
+    }
+    // per-ip (2 in flight) is full at the third request; ip-minute (2 a minute) refuses after.
+    assert_eq!(outcomes, ["ok", "ok", "full", "rate", "rate"]);
+    assert_eq!(b_store.local().slots.held(), 0);
+    assert_eq!(b_store.local().slots.held(), 0);
+
+    let redis = crate::store::RedisStore::new(
+        crate::config::Topology::Single {
+            url: "redis://127.0.0.1:1".into(),
+        },
+        "p",
+        std::time::Duration::from_millis(50),
+    )
+    .unwrap();
+    let redis = Arc::new(Store::redis(redis));
+    assert!(admit_local(&redis, &req, 1_000, &mut Report::default()).is_none());
+}

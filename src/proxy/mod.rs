@@ -173,8 +173,11 @@ impl Gateway {
         request.keys = ConnState::of(session).map(|c| c.keys());
         let mut report = Report::default();
         let started = std::time::Instant::now();
-        let outcome =
-            admission::admit(&self.store, &request, self.clock.now_ms(), &mut report).await;
+        let now = self.clock.now_ms();
+        let outcome = match admission::admit_local(&self.store, &request, now, &mut report) {
+            Some(outcome) => outcome,
+            None => admission::admit(&self.store, &request, now, &mut report).await,
+        };
         self.observer.decided(cfg, &report, started);
         log_report(cfg, &caller, &report);
         outcome
