@@ -32,7 +32,8 @@
 #   With KEEP=DIR each row's perf data is kept as DIR/LABEL.perf.data (for `perf report -i`), and
 #   its request count as DIR/LABEL.requests.
 # Needs perf (Debian's linux-perf) with access to hardware cycles: `perf stat -e cycles true`
-# (for -t, perf alone).
+# (for -t, perf alone). Without them, PERF_EVENT=cpu-clock samples perf's software clock instead:
+# the tables' "cycles" are then nanoseconds, and the shares the same.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=5 detail=0 count_rounds=0 clock_rounds=0
@@ -43,10 +44,10 @@ while getopts s:d:c:t: o; do
   esac
 done
 shift $((OPTIND - 1))
-[ $# -ge 1 ] || { sed -n '2,35p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,36p' "$0" >&2; exit 2; }
 source loadtest/bench_lib.sh
 need nginx nginx; need wrk wrk; need perf linux-perf; need taskset util-linux; need python3 python3
-[ "$clock_rounds" -gt 0 ] || perf stat -e cycles true >/dev/null 2>&1 || {
+[ "$clock_rounds" -gt 0 ] || [ -n "${PERF_EVENT:-}" ] || perf stat -e cycles true >/dev/null 2>&1 || {
   echo "perf cannot count cycles on this machine (perf stat -e cycles true failed)" >&2
   exit 1
 }
@@ -146,7 +147,7 @@ for label in "${labels[@]}"; do
   # shellcheck disable=SC2086
   read -r _ _ _ user_us sys_us _ <<<"$(measure "${procs[$label]}" "$port" "$secs" 50)"
   cpu_us=$(python3 -c "print($user_us + $sys_us)")
-  perf record -q -e cycles --call-graph dwarf,16384 -F 2000 -p "$(echo ${procs[$label]} | tr ' ' ,)" \
+  perf record -q -e "${PERF_EVENT:-cycles}" --call-graph dwarf,16384 -F 2000 -p "$(echo ${procs[$label]} | tr ' ' ,)" \
     -o "$dir/$label.data" -- sleep "$secs" 2>"$dir/$label.perf.log" & rec=$!
   out=$(taskset -c "$LOAD_CPUS" wrk -t1 -c50 -d"${secs}s" "http://127.0.0.1:$port/")
   wait "$rec" || { cat "$dir/$label.perf.log" >&2; exit 1; }
