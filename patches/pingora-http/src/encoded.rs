@@ -99,6 +99,12 @@ impl EncodedHeaders {
         self.line(name).number(n);
     }
 
+    /// Add every line of `other` after these: lines built once (say, with a configuration)
+    /// and added to many responses, one copy each time.
+    pub fn extend(&mut self, other: &EncodedHeaders) {
+        self.buf.extend_from_slice(&other.buf);
+    }
+
     /// Each line's name and value, in order.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
         // Neither a name nor a value holds a CR or an LF, and a name holds no `:`.
@@ -186,6 +192,23 @@ mod tests {
                 (b"retry-after", b"10"),
             ]
         );
+    }
+
+    #[test]
+    fn lines_built_once_are_added_whole_in_order() {
+        let mut built = EncodedHeaders::new();
+        built.push_number(&A, 1);
+        built.push_number(&B, 2);
+        let mut lines = EncodedHeaders::new();
+        lines.push_number(&B, 0);
+        lines.extend(&built);
+        lines.extend(&EncodedHeaders::new());
+        lines.extend(&built);
+        assert_eq!(
+            lines.as_bytes(),
+            b"x-b: 0\r\nx-a: 1\r\nx-b: 2\r\nx-a: 1\r\nx-b: 2\r\n"
+        );
+        assert_eq!(built.as_bytes(), b"x-a: 1\r\nx-b: 2\r\n");
     }
 
     #[test]

@@ -1051,6 +1051,33 @@ where
     removed
 }
 
+/// Whether `bytes` holds a CR, an LF or a NUL: eight bytes at a time, since every field value
+/// of every response is scanned.
+fn has_cr_lf_or_nul(bytes: &[u8]) -> bool {
+    // A word has a zero byte iff `(w - 0x01..) & !w & 0x80..` is not zero (a borrow only
+    // marks bytes above a zero one). XOR with a byte repeated makes that byte's copies zero.
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    const CRS: u64 = u64::from_ne_bytes([b'\r'; 8]);
+    const LFS: u64 = u64::from_ne_bytes([b'\n'; 8]);
+    let zeros = |w: u64| w.wrapping_sub(ONES) & !w & HIGHS;
+    let hit = |w: [u8; 8]| {
+        let w = u64::from_ne_bytes(w);
+        zeros(w) | zeros(w ^ CRS) | zeros(w ^ LFS) != 0
+    };
+    let Some(last) = bytes.last_chunk::<8>() else {
+        // Shorter than a word: padded with spaces.
+        let mut word = [b' '; 8];
+        word[..bytes.len()].copy_from_slice(bytes);
+        return hit(word);
+    };
+    // Every whole word, then the last 8 bytes for the tail (overlapping the words before).
+    bytes
+        .chunks_exact(8)
+        .any(|w| hit(w.try_into().unwrap_or_default()))
+        || hit(*last)
+}
+
 /// Build a [`HeaderValue`] from owned bytes, normalizing the value per RFC
 /// 9110 section 5.5 and RFC 9112 section 5.2: obs-fold continuations
 /// collapse to a single SP, and any stray CR / LF / NUL is replaced with SP.
@@ -1104,7 +1131,7 @@ pub fn header_value_from_slice(raw: &[u8]) -> HeaderValue {
 /// [RFC 9110 section 5.5]: https://datatracker.ietf.org/doc/html/rfc9110#section-5.5
 fn normalize_field_value(raw: bytes::Bytes) -> bytes::Bytes {
     // Fast path: no CR/LF/NUL, nothing to do.
-    if !raw.iter().any(|b| matches!(b, b'\r' | b'\n' | b'\0')) {
+    if !has_cr_lf_or_nul(&raw) {
         return raw;
     }
 
@@ -2075,6 +2102,27 @@ mod tests {
                 .map(|d| d.as_bytes())
                 .unwrap()
         );
+    }
+
+    /// The word-at-a-time scan finds a CR, an LF or a NUL at every position of values of
+    /// every length up to 40, and nothing in values without them (bytes next to the ones it
+    /// looks for included: a borrow must not make a match).
+    #[test]
+    fn has_cr_lf_or_nul_at_every_position() {
+        let fillers = [b'a', 0x01, 0x0b, 0x0c, 0x0e, 0x09, 0x80, 0xff, 0x8d, 0x8a];
+        for len in 0..=40 {
+            for &fill in &fillers {
+                let clean = vec![fill; len];
+                assert!(!has_cr_lf_or_nul(&clean), "len {len} fill {fill:#x}");
+                for pos in 0..len {
+                    for bad in [b'\r', b'\n', 0] {
+                        let mut v = clean.clone();
+                        v[pos] = bad;
+                        assert!(has_cr_lf_or_nul(&v), "len {len} pos {pos} byte {bad:#x}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
