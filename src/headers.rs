@@ -11,15 +11,15 @@
 use http::{HeaderName, HeaderValue};
 use pingora_http::ResponseHeader;
 
-use crate::config::{Config, LimitId, OnError, RateSpec};
+use crate::config::{
+    Config, LimitId, OnError, RateSpec, RATELIMIT_POLICY, X_RATELIMIT_LIMIT as X_LIMIT,
+};
 use crate::limit::Decision;
 
 /// Set on responses decided under a store failure policy: `store-unavailable; policy=local`.
 pub const DEGRADED: &str = "tollgate-degraded";
 
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 const RETRY_AFTER: HeaderName = HeaderName::from_static("retry-after");
@@ -76,9 +76,9 @@ pub fn apply(
     replace(resp, &ours);
     let lines = resp.encoded_headers_mut();
     // The lines' names and fixed parts, and room for their numbers.
-    lines.reserve(160 + 2 * rate.policy_header.len());
+    lines.reserve(160 + 2 * rate.policy_line.as_bytes().len());
     if ietf {
-        lines.push(&RATELIMIT_POLICY, &rate.policy_header);
+        lines.extend(&rate.policy_line);
         lines
             .line(&RATELIMIT)
             .value(&rate.ratelimit_prefix)
@@ -90,7 +90,7 @@ pub fn apply(
         // The limit's own, built with the config, unless the decision was made on another
         // quota (the local fallback's).
         if d.limit == rate.quota.limit {
-            lines.push(&X_LIMIT, &rate.limit_header);
+            lines.extend(&rate.limit_line);
         } else {
             lines.push_number(&X_LIMIT, d.limit);
         }

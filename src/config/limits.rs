@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 use http::HeaderValue;
+use pingora_http::EncodedHeaders;
 
 use super::errors::{check_name, words, Errors, WordError};
 use super::problem::RateLimitedBody;
@@ -149,12 +150,12 @@ pub struct RateSpec {
     pub quota: Quota,
     /// The quota on the local fallback limiter (`limit × store.local_share`, at least 1).
     pub local_quota: Quota,
-    /// Pre-built `RateLimit-Policy` item: `"name";q=100;w=60`.
-    pub policy_header: HeaderValue,
+    /// The `RateLimit-Policy` line, encoded: `ratelimit-policy: "name";q=100;w=60`.
+    pub policy_line: EncodedHeaders,
     /// The start of the `RateLimit` item, up to its `r`: `"name";r=`.
     pub ratelimit_prefix: HeaderValue,
-    /// Pre-built `X-RateLimit-Limit` value: the limit, `100`.
-    pub limit_header: HeaderValue,
+    /// The `X-RateLimit-Limit` line, encoded: `x-ratelimit-limit: 100`.
+    pub limit_line: EncodedHeaders,
     /// The window as written in the file (`1m`), for problem details.
     pub window_label: String,
     /// The constant parts of this limit's 429 body.
@@ -222,7 +223,12 @@ impl RateSpec {
     }
 }
 
-/// A rate spec with its pre-built header and local quota.
+/// `RateLimit-Policy`, of every rate-limited answer.
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `X-RateLimit-Limit`, of every rate-limited answer.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+
+/// A rate spec with its pre-built header lines and local quota.
 fn rate_spec(
     name: &str,
     algorithm: Algorithm,
@@ -236,14 +242,21 @@ fn rate_spec(
     let share = |n: u64| ((n as f64 * local_share).floor() as u64).max(1);
     let local_quota = Quota::new(algorithm, share(limit), window_ms).with_burst(share(burst));
     let policy = format!("\"{name}\";q={limit};w={}", window_ms.div_ceil(1000));
+    let mut policy_line = EncodedHeaders::new();
+    // A name that is not a valid header value is reported by validation.
+    policy_line.push(
+        &RATELIMIT_POLICY,
+        &HeaderValue::from_str(&policy).unwrap_or(HeaderValue::from_static("")),
+    );
+    let mut limit_line = EncodedHeaders::new();
+    limit_line.push_number(&X_RATELIMIT_LIMIT, limit);
     RateSpec {
         quota,
         local_quota,
-        // A name that is not a valid header value is reported by validation.
-        policy_header: HeaderValue::from_str(&policy).unwrap_or(HeaderValue::from_static("")),
+        policy_line,
         ratelimit_prefix: HeaderValue::from_str(&format!("\"{name}\";r="))
             .unwrap_or(HeaderValue::from_static("")),
-        limit_header: HeaderValue::from(limit),
+        limit_line,
         refusal_body: RateLimitedBody::new(name, limit, &window_label, window_ms),
         window_label,
     }

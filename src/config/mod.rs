@@ -42,7 +42,7 @@ pub use errors::{ConfigErrors, WordError};
 pub use identity::{IdentitySettings, JwtSettings};
 pub use limits::{
     ConcurrencySpec, KeyPart, Kind, Limit, LimitId, LimitIds, OnError, RateSpec, Spec,
-    MAX_KEY_PARTS,
+    MAX_KEY_PARTS, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,
 };
 pub use problem::{RateLimitedBody, QUOTA_EXCEEDED};
 pub use quotas::{redact_password, QuotaSettings};

@@ -56,7 +56,14 @@ fn top_level_limits_attach_to_named_routes_only() {
     let rest = c.routes.iter().find(|r| &*r.name == "rest").unwrap();
     assert_eq!(login.limits.rate, vec![0, 1]);
     assert_eq!(rest.limits.rate, vec![1]);
-    assert_eq!(c.limits[0].rate().policy_header, "\"l\";q=5;w=60");
+    assert_eq!(
+        c.limits[0].rate().policy_line.as_bytes(),
+        b"ratelimit-policy: \"l\";q=5;w=60\r\n"
+    );
+    assert_eq!(
+        c.limits[0].rate().limit_line.as_bytes(),
+        b"x-ratelimit-limit: 5\r\n"
+    );
 }
 
 #[test]
