@@ -423,9 +423,13 @@ where
                             .proxy_to_h1_upstream(session, &mut h1, client_reused, &peer, ctx)
                             .await;
                         if client_reuse {
-                            let session = ClientSession::H1(h1);
+                            // In place: the session is not moved (copied) again.
                             self.client_upstream
-                                .release_http_session(session, &*peer, peer.idle_timeout())
+                                .release_http1_session_in_place(
+                                    &mut h1,
+                                    &*peer,
+                                    peer.idle_timeout(),
+                                )
                                 .await;
                         }
                         (server_reused, error)
@@ -545,9 +549,10 @@ where
             if let Some(uc) = self.inner.persist_connection_context(&session, ctx) {
                 persistent_settings.set_user_context(uc);
             }
+            // In place: the downstream session is not moved (copied) out of its box.
             session
                 .downstream_session
-                .finish()
+                .finish_in_place()
                 .await
                 .ok()
                 .flatten()
@@ -1435,9 +1440,10 @@ where
             if let Some(uc) = self.inner.persist_connection_context(&session, ctx) {
                 persistent_settings.set_user_context(uc);
             }
+            // In place: the downstream session is not moved (copied) out of its box.
             session
                 .downstream_session
-                .finish()
+                .finish_in_place()
                 .await
                 .ok()
                 .flatten()

@@ -135,6 +135,80 @@ where
 /// The type of any established transport layer connection
 pub type Stream = Box<dyn IO>;
 
+/// What an HTTP/1 session holds in place of its connection once `reuse_in_place` has handed
+/// the connection on: reads find the end at once, writes fail. Zero-sized, so the [Stream]
+/// boxing it allocates nothing.
+#[derive(Debug)]
+pub(crate) struct HandedOn;
+
+impl HandedOn {
+    /// A [Stream] of nothing, to leave where a connection was taken from.
+    pub(crate) fn stream() -> Stream {
+        Box::new(HandedOn)
+    }
+}
+
+mod handed_on_io {
+    use super::*;
+    use std::io;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    use tokio::io::ReadBuf;
+
+    impl AsyncRead for HandedOn {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncWrite for HandedOn {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Poll::Ready(Err(io::ErrorKind::NotConnected.into()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[async_trait]
+    impl Shutdown for HandedOn {
+        async fn shutdown(&mut self) -> () {}
+    }
+    impl UniqueID for HandedOn {
+        fn id(&self) -> UniqueIDType {
+            0
+        }
+    }
+    impl Ssl for HandedOn {}
+    impl GetTimingDigest for HandedOn {
+        fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+            vec![]
+        }
+    }
+    impl GetProxyDigest for HandedOn {
+        fn get_proxy_digest(&self) -> Option<Arc<raw_connect::ProxyDigest>> {
+            None
+        }
+    }
+    impl GetSocketDigest for HandedOn {
+        fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+            None
+        }
+    }
+    impl Peek for HandedOn {}
+}
+
 // Implement IO trait for 3rd party types, mostly for testing
 mod ext_io_impl {
     use super::*;

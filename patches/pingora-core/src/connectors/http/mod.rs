@@ -132,6 +132,20 @@ where
         }
     }
 
+    /// [`Self::release_http_session`] of an HTTP/1 session, without moving it (see
+    /// [`crate::protocols::http::v1::client::HttpSession::reuse_in_place`]); drop the session
+    /// afterwards.
+    pub async fn release_http1_session_in_place<P: Peer + Send + Sync + 'static>(
+        &self,
+        session: &mut crate::protocols::http::v1::client::HttpSession,
+        peer: &P,
+        idle_timeout: Option<Duration>,
+    ) {
+        self.h1
+            .release_http_session_in_place(session, peer, idle_timeout)
+            .await
+    }
+
     pub async fn release_http_session<P: Peer + Send + Sync + 'static>(
         &self,
         session: HttpSession<C::Session>,

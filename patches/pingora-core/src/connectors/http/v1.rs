@@ -56,8 +56,20 @@ impl Connector {
         peer: &P,
         idle_timeout: Option<Duration>,
     ) {
+        self.release_http_session_in_place(&mut session, peer, idle_timeout)
+            .await
+    }
+
+    /// [`Self::release_http_session`] without moving the session (see
+    /// [`HttpSession::reuse_in_place`]); drop the session afterwards.
+    pub async fn release_http_session_in_place<P: Peer + Send + Sync + 'static>(
+        &self,
+        session: &mut HttpSession,
+        peer: &P,
+        idle_timeout: Option<Duration>,
+    ) {
         session.respect_keepalive();
-        if let Some(stream) = session.reuse().await {
+        if let Some(stream) = session.reuse_in_place().await {
             self.transport
                 .release_stream(stream, peer.reuse_hash(), idle_timeout);
         }

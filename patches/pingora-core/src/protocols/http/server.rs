@@ -270,7 +270,7 @@ impl Session {
             Self::H1(mut s) => {
                 // need to flush body due to buffering
                 s.finish_body().await?;
-                s.reuse().await
+                s.reuse_in_place().await
             }
             Self::H2(mut s) => {
                 s.finish()?;
@@ -281,6 +281,31 @@ impl Session {
                 Ok(None)
             }
             Self::Custom(mut s) => {
+                s.finish().await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// [`Self::finish`] without moving the session: a session is several hundred bytes, and
+    /// each move into a future is a copy of all of them. The session is done afterwards (an
+    /// HTTP/1 session's reusable stream is taken out of it): drop it.
+    pub async fn finish_in_place(&mut self) -> Result<Option<ReusableHttpStream>> {
+        match self {
+            Self::H1(s) => {
+                // need to flush body due to buffering
+                s.finish_body().await?;
+                s.reuse_in_place().await
+            }
+            Self::H2(s) => {
+                s.finish()?;
+                Ok(None)
+            }
+            Self::Subrequest(s) => {
+                s.finish().await?;
+                Ok(None)
+            }
+            Self::Custom(s) => {
                 s.finish().await?;
                 Ok(None)
             }

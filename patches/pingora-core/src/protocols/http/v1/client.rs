@@ -28,7 +28,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::body::{BodyReader, BodyWriter};
 use super::common::*;
 use crate::protocols::http::HttpTask;
-use crate::protocols::{Digest, SocketAddr, Stream, UniqueID, UniqueIDType};
+use crate::protocols::{Digest, HandedOn, SocketAddr, Stream, UniqueID, UniqueIDType};
 use crate::utils::BufRef;
 
 /// How a response's body is framed, as its header says (RFC 9112 section 6.3), where its
@@ -736,6 +736,15 @@ impl HttpSession {
     /// If the connection cannot be reused, the underlying stream will be closed and `None` will be
     /// returned.
     pub async fn reuse(mut self) -> Option<Stream> {
+        self.reuse_in_place().await
+    }
+
+    /// [`Self::reuse`] without moving the session: a session is several hundred bytes, and
+    /// each move into a future is a copy of all of them. A reusable stream is taken out of
+    /// the session, which is left with none (reads end, writes fail); otherwise the stream
+    /// stays, and is closed when the session is dropped. Either way the session is done:
+    /// drop it.
+    pub async fn reuse_in_place(&mut self) -> Option<Stream> {
         if !self.body_reader.body_complete() || self.body_reader.has_bytes_overread() {
             self.set_keepalive(None);
         }
@@ -748,7 +757,10 @@ impl HttpSession {
                 self.shutdown().await;
                 None
             }
-            _ => Some(self.underlying_stream),
+            _ => Some(std::mem::replace(
+                &mut self.underlying_stream,
+                HandedOn::stream(),
+            )),
         }
     }
 
@@ -2627,6 +2639,43 @@ hello\r\n\
 
         // HTTP/1.1 should allow keepalive by default
         assert!(http_stream.will_keepalive());
+    }
+
+    /// `reuse_in_place` hands the connection on and leaves the session a stream of nothing;
+    /// a connection that cannot be reused stays in the session.
+    #[tokio::test]
+    async fn reuse_in_place_hands_the_stream_on() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let input = b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na";
+        let mut s = HttpSession::new(Box::new(Builder::new().read(&input[..]).build()));
+        s.read_response().await.unwrap();
+        while s.read_body_bytes().await.unwrap().is_some() {}
+        s.respect_keepalive();
+        let stream = s.reuse_in_place().await.expect("connection reusable");
+        assert!(stream
+            .as_any()
+            .downcast_ref::<tokio_test::io::Mock>()
+            .is_some());
+        assert!(s
+            .underlying_stream
+            .as_any()
+            .downcast_ref::<HandedOn>()
+            .is_some());
+        let mut buf = [0u8; 8];
+        assert_eq!(s.underlying_stream.read(&mut buf).await.unwrap(), 0);
+        assert!(s.underlying_stream.write(b"x").await.is_err());
+
+        let input = b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nConnection: close\r\n\r\na";
+        let mut s = HttpSession::new(Box::new(Builder::new().read(&input[..]).build()));
+        s.read_response().await.unwrap();
+        while s.read_body_bytes().await.unwrap().is_some() {}
+        s.respect_keepalive();
+        assert!(s.reuse_in_place().await.is_none());
+        assert!(s
+            .underlying_stream
+            .as_any()
+            .downcast_ref::<tokio_test::io::Mock>()
+            .is_some());
     }
 
     #[tokio::test]

@@ -40,7 +40,7 @@ use crate::protocols::http::{
     authority::validate_request_authority, body_buffer::FixedBuffer, date, HttpTask,
     ReusableHttpStream,
 };
-use crate::protocols::{Digest, SocketAddr, Stream};
+use crate::protocols::{Digest, HandedOn, SocketAddr, Stream};
 use crate::utils::BufRef;
 
 /// Tracks which writer is currently processing a task.
@@ -1489,6 +1489,15 @@ impl HttpSession {
     /// returned. If there was an error while draining any remaining request body that error will
     /// be returned.
     pub async fn reuse(mut self) -> Result<Option<ReusableHttpStream>> {
+        self.reuse_in_place().await
+    }
+
+    /// [`Self::reuse`] without moving the session: a session is several hundred bytes, and
+    /// each move into a future is a copy of all of them. A reusable stream is taken out of
+    /// the session, which is left with none (reads end, writes fail); otherwise the stream
+    /// stays, and is closed when the session is dropped. Either way the session is done:
+    /// drop it.
+    pub async fn reuse_in_place(&mut self) -> Result<Option<ReusableHttpStream>> {
         if !self.will_keepalive() {
             debug!("HTTP shutdown connection");
             self.shutdown().await;
@@ -1504,10 +1513,8 @@ impl HttpSession {
                     .then(|| self.take_body_overread())
                     .flatten()
                     .filter(|prefix| !prefix.is_empty());
-                Ok(Some(ReusableHttpStream::new(
-                    self.underlying_stream,
-                    pipelined_prefix,
-                )))
+                let stream = std::mem::replace(&mut self.underlying_stream, HandedOn::stream());
+                Ok(Some(ReusableHttpStream::new(stream, pipelined_prefix)))
             }
         }
     }
@@ -4300,6 +4307,44 @@ mod test_pipelining {
 
     /// When pipelining is enabled and overread bytes are present,
     /// reuse returns both the stream and the extracted prefix.
+    /// `reuse_in_place` hands the connection on and leaves the session a stream of nothing;
+    /// a connection that cannot be reused stays in the session.
+    #[tokio::test]
+    async fn reuse_in_place_hands_the_stream_on() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio_test::io::Mock;
+        init_log();
+        let request = b"GET / HTTP/1.1\r\nHost: pingora.org\r\n\r\n";
+        let mut s = HttpSession::new(Box::new(Builder::new().read(request).build()));
+        s.read_request().await.unwrap();
+        let reused = s
+            .reuse_in_place()
+            .await
+            .unwrap()
+            .expect("connection reusable");
+        let (stream, prefix) = reused.into_parts();
+        assert!(stream.as_any().downcast_ref::<Mock>().is_some());
+        assert!(prefix.is_none());
+        assert!(s
+            .underlying_stream
+            .as_any()
+            .downcast_ref::<HandedOn>()
+            .is_some());
+        let mut buf = [0u8; 8];
+        assert_eq!(s.underlying_stream.read(&mut buf).await.unwrap(), 0);
+        assert!(s.underlying_stream.write(b"x").await.is_err());
+
+        let request = b"GET / HTTP/1.1\r\nHost: pingora.org\r\nConnection: close\r\n\r\n";
+        let mut s = HttpSession::new(Box::new(Builder::new().read(request).build()));
+        s.read_request().await.unwrap();
+        assert!(s.reuse_in_place().await.unwrap().is_none());
+        assert!(s
+            .underlying_stream
+            .as_any()
+            .downcast_ref::<Mock>()
+            .is_some());
+    }
+
     #[tokio::test]
     async fn reuse_allows_overread_when_pipelining_enabled() {
         init_log();
