@@ -414,7 +414,30 @@ where
             Err(e) => return (false, Some(e)),
         };
 
-        let client_session = self.client_upstream.get_http_session(&*peer).await;
+        let client_session = match self.client_upstream.get_http1_stream(&*peer).await {
+            // An HTTP/1-only peer: the session is made here, where it stays (see
+            // `get_http1_stream`).
+            Some(Ok((stream, client_reused))) => {
+                let mut h1 = HttpSessionV1::new_with_options(stream, &*peer);
+                let (server_reused, client_reuse, error) = self
+                    .proxy_to_h1_upstream(session, &mut h1, client_reused, &peer, ctx)
+                    .await;
+                if client_reuse {
+                    self.client_upstream
+                        .release_http1_session_in_place(&mut h1, &*peer, peer.idle_timeout())
+                        .await;
+                }
+                return (
+                    server_reused,
+                    error.map(|e| {
+                        self.inner
+                            .error_while_proxy(&peer, session, e, ctx, client_reused)
+                    }),
+                );
+            }
+            Some(Err(e)) => Err(e),
+            None => self.client_upstream.get_http_session(&*peer).await,
+        };
         match client_session {
             Ok((client_session, client_reused)) => {
                 let (server_reused, error) = match client_session {

@@ -19,6 +19,7 @@ use crate::connectors::ConnectorOptions;
 use crate::listeners::ALPN;
 use crate::protocols::http::client::HttpSession;
 use crate::protocols::http::v1::client::HttpSession as Http1Session;
+use crate::protocols::Stream;
 use crate::upstreams::peer::Peer;
 use pingora_error::Result;
 use std::sync::atomic::AtomicU64;
@@ -102,11 +103,7 @@ where
         // NOTE: maybe TODO: we do not yet enforce that only TLS traffic can use h2, which is the
         // de facto requirement for h2, because non TLS traffic lack the negotiation mechanism.
 
-        // We assume no peer option == no ALPN == h1 only
-        let h1_only = peer
-            .get_peer_options()
-            .is_none_or(|o| o.alpn.get_max_http_version() == 1);
-        if h1_only {
+        if Self::h1_only(peer) {
             let (h1, reused) = self.h1.get_http_session(peer).await?;
             Ok((HttpSession::H1(h1), reused))
         } else {
@@ -132,12 +129,38 @@ where
         }
     }
 
+    /// Whether `peer` is spoken to in HTTP/1 only.
+    fn h1_only<P: Peer>(peer: &P) -> bool {
+        // We assume no peer option == no ALPN == h1 only
+        peer.get_peer_options().is_none_or(|o| {
+            !matches!(o.alpn, ALPN::Custom(_)) && o.alpn.get_max_http_version() == 1
+        })
+    }
+
+    /// The stream of an HTTP/1 session to `peer` (from the pool, or new) and whether it was
+    /// reused, when `peer` is spoken to in HTTP/1 only; `None` when
+    /// [`Self::get_http_session`] must choose the protocol.
+    ///
+    /// The caller makes the session where it keeps it
+    /// ([`crate::protocols::http::v1::client::HttpSession::new_with_options`]): a session is
+    /// several hundred bytes, and on its way out of [`Self::get_http_session`] it is copied
+    /// into and out of each future and result.
+    pub async fn get_http1_stream<P: Peer + Send + Sync + 'static>(
+        &self,
+        peer: &P,
+    ) -> Option<Result<(Stream, bool)>> {
+        if !Self::h1_only(peer) {
+            return None;
+        }
+        Some(self.h1.get_stream(peer).await)
+    }
+
     /// [`Self::release_http_session`] of an HTTP/1 session, without moving it (see
     /// [`crate::protocols::http::v1::client::HttpSession::reuse_in_place`]); drop the session
     /// afterwards.
     pub async fn release_http1_session_in_place<P: Peer + Send + Sync + 'static>(
         &self,
-        session: &mut crate::protocols::http::v1::client::HttpSession,
+        session: &mut Http1Session,
         peer: &P,
         idle_timeout: Option<Duration>,
     ) {
@@ -177,6 +200,60 @@ where
     /// Return a shared reference to the unexpected data connection counter for periodic metric reporting.
     pub fn unexpected_data_connection_counter(&self) -> Arc<AtomicU64> {
         self.h1.unexpected_data_connection_counter()
+    }
+}
+
+#[cfg(test)]
+mod h1_stream_tests {
+    use super::*;
+    use crate::protocols::tls::CustomALPN;
+    use crate::upstreams::peer::HttpPeer;
+    use pingora_http::RequestHeader;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// An HTTP/1-only peer's stream comes from `get_http1_stream`: new, then (after the session
+    /// made of it was released in place) from the pool. A peer that may speak HTTP/2, or a
+    /// custom protocol, is left to `get_http_session`.
+    #[tokio::test]
+    async fn get_http1_stream_for_h1_only_peers() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            // One empty answer per read (each request head comes in one).
+            while let Ok(1..) = s.read(&mut buf).await {
+                let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+                s.write_all(answer).await.unwrap();
+            }
+        });
+        let connector = Connector::new(None);
+        let peer = HttpPeer::new(addr, false, String::new());
+        for reused in [false, true] {
+            let (stream, was_reused) = connector
+                .get_http1_stream(&peer)
+                .await
+                .expect("an HTTP/1-only peer")
+                .unwrap();
+            assert_eq!(was_reused, reused);
+            let mut h1 = Http1Session::new_with_options(stream, &peer);
+            let mut req = Box::new(RequestHeader::build("GET", b"/", None).unwrap());
+            req.append_header("Host", "x").unwrap();
+            h1.write_request_header(req).await.unwrap();
+            h1.read_response().await.unwrap();
+            h1.respect_keepalive();
+            while h1.read_body_bytes().await.unwrap().is_some() {}
+            connector
+                .release_http1_session_in_place(&mut h1, &peer, None)
+                .await;
+        }
+        let mut h2 = HttpPeer::new(addr, false, String::new());
+        h2.options.set_http_version(2, 1);
+        assert!(connector.get_http1_stream(&h2).await.is_none());
+        let mut custom = HttpPeer::new(addr, false, String::new());
+        custom.options.alpn = ALPN::Custom(CustomALPN::new(b"custom".to_vec()));
+        assert!(connector.get_http1_stream(&custom).await.is_none());
     }
 }
 

@@ -14,6 +14,7 @@
 
 use crate::connectors::{ConnectorOptions, TransportConnector};
 use crate::protocols::http::v1::client::HttpSession;
+use crate::protocols::Stream;
 use crate::upstreams::peer::Peer;
 
 use pingora_error::Result;
@@ -36,9 +37,18 @@ impl Connector {
         &self,
         peer: &P,
     ) -> Result<(HttpSession, bool)> {
-        let (stream, reused) = self.transport.get_stream(peer).await?;
+        let (stream, reused) = self.get_stream(peer).await?;
         let http = HttpSession::new_with_options(stream, peer);
         Ok((http, reused))
+    }
+
+    /// The stream of an HTTP/1 session to `peer` (from the pool, or new), and whether it was
+    /// reused; the session is [`HttpSession::new_with_options`] of it.
+    pub async fn get_stream<P: Peer + Send + Sync + 'static>(
+        &self,
+        peer: &P,
+    ) -> Result<(Stream, bool)> {
+        self.transport.get_stream(peer).await
     }
 
     pub async fn reused_http_session<P: Peer + Send + Sync + 'static>(
