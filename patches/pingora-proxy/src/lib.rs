@@ -549,7 +549,7 @@ where
 
     async fn finish(
         &self,
-        mut session: Session,
+        session: &mut Session,
         ctx: &mut SV::CTX,
         reuse: bool,
         error: Option<Box<Error>>,
@@ -559,7 +559,7 @@ where
         SV::CTX: Send + Sync,
     {
         self.inner
-            .logging(&mut session, error.as_deref(), ctx)
+            .logging(session, error.as_deref(), ctx)
             .await;
 
         if let Some(e) = error {
@@ -568,8 +568,8 @@ where
 
         if reuse {
             // TODO: log error
-            let mut persistent_settings = HttpPersistentSettings::for_session(&session);
-            if let Some(uc) = self.inner.persist_connection_context(&session, ctx) {
+            let mut persistent_settings = HttpPersistentSettings::for_session(session);
+            if let Some(uc) = self.inner.persist_connection_context(session, ctx) {
                 persistent_settings.set_user_context(uc);
             }
             // In place: the downstream session is not moved (copied) out of its box.
@@ -1211,12 +1211,12 @@ where
                 .on_connection_reuse(&mut session, &mut ctx, prev_ctx);
         }
 
-        self.process_request(session, ctx).await
+        self.process_request(&mut session, ctx).await
     }
 
     async fn process_request(
         self: &Arc<Self>,
-        mut session: Session,
+        session: &mut Session,
         mut ctx: <SV as ProxyHttp>::CTX,
     ) -> Option<ReusedHttpStream>
     where
@@ -1225,7 +1225,7 @@ where
     {
         if let Err(e) = self
             .inner
-            .early_request_filter(&mut session, &mut ctx)
+            .early_request_filter(session, &mut ctx)
             .await
         {
             return self
@@ -1233,7 +1233,7 @@ where
                 .await;
         }
 
-        if self.inner.allow_spawning_subrequest(&session, &ctx) {
+        if self.inner.allow_spawning_subrequest(session, &ctx) {
             session.subrequest_spawner = Some(SubrequestSpawner::new(self.clone()));
         }
 
@@ -1255,19 +1255,20 @@ where
                 .await;
         }
 
-        match self.inner.request_filter(&mut session, &mut ctx).await {
+        match self.inner.request_filter(session, &mut ctx).await {
             Ok(response_sent) => {
                 if response_sent {
                     // TODO: log error
-                    self.inner.logging(&mut session, None, &mut ctx).await;
-                    self.cleanup_sub_req(&mut session);
-                    let mut persistent_settings = HttpPersistentSettings::for_session(&session);
-                    if let Some(uc) = self.inner.persist_connection_context(&session, &ctx) {
+                    self.inner.logging(session, None, &mut ctx).await;
+                    self.cleanup_sub_req(session);
+                    let mut persistent_settings = HttpPersistentSettings::for_session(session);
+                    if let Some(uc) = self.inner.persist_connection_context(session, &ctx) {
                         persistent_settings.set_user_context(uc);
                     }
+                    // In place: the downstream session is not moved (copied) out of its box.
                     return session
                         .downstream_session
-                        .finish()
+                        .finish_in_place()
                         .await
                         .ok()
                         .flatten()
@@ -1282,19 +1283,19 @@ where
             }
         }
 
-        if let Some((reuse, err)) = self.proxy_cache(&mut session, &mut ctx).await {
+        if let Some((reuse, err)) = self.proxy_cache(session, &mut ctx).await {
             // cache hit
             return self.finish(session, &mut ctx, reuse, err).await;
         }
         // either uncacheable, or cache miss
 
         // there should not be a write lock in the sub req ctx after this point
-        self.cleanup_sub_req(&mut session);
+        self.cleanup_sub_req(session);
 
         // decide if the request is allowed to go to upstream
         match self
             .inner
-            .proxy_upstream_filter(&mut session, &mut ctx)
+            .proxy_upstream_filter(session, &mut ctx)
             .await
         {
             Ok(proxy_to_upstream) => {
@@ -1349,7 +1350,7 @@ where
         while retries < self.max_retries {
             retries += 1;
 
-            let (reuse, e) = self.proxy_to_upstream(&mut session, &mut ctx).await;
+            let (reuse, e) = self.proxy_to_upstream(session, &mut ctx).await;
             server_reuse = reuse;
 
             match e {
@@ -1358,7 +1359,7 @@ where
                     // only log error that will be retried here, the final error will be logged below
                     if retry
                         && !self.inner.suppress_proxy_warn_log(
-                            &session,
+                            session,
                             &ctx,
                             &error,
                             ProxyWarnLogContext::UpstreamRetry,
@@ -1369,7 +1370,7 @@ where
                             error,
                             retries,
                             retry,
-                            self.inner.request_summary(&session, &ctx)
+                            self.inner.request_summary(session, &ctx)
                         );
                     }
                     proxy_error = Some(error);
@@ -1389,7 +1390,7 @@ where
         // allow unwrap until if let chains
         #[allow(clippy::unnecessary_unwrap)]
         let serve_stale_result = if proxy_error.is_some() && session.cache.can_serve_stale_error() {
-            self.handle_stale_if_error(&mut session, &mut ctx, proxy_error.as_ref().unwrap())
+            self.handle_stale_if_error(session, &mut ctx, proxy_error.as_ref().unwrap())
                 .await
         } else {
             None
@@ -1413,17 +1414,17 @@ where
                 };
                 session.cache.disable(reason);
             }
-            let res = self.inner.fail_to_proxy(&mut session, e, &mut ctx).await;
+            let res = self.inner.fail_to_proxy(session, e, &mut ctx).await;
 
             // final error will have > 0 status unless downstream connection is dead
-            if !self.inner.suppress_error_log(&session, &ctx, e) {
+            if !self.inner.suppress_error_log(session, &ctx, e) {
                 error!(
                     "Fail to proxy: {}, status: {}, tries: {}, retry: {}, {}",
                     e,
                     res.error_code,
                     retries,
                     false, // we never retry here
-                    self.inner.request_summary(&session, &ctx),
+                    self.inner.request_summary(session, &ctx),
                 );
             }
         }
@@ -1435,7 +1436,7 @@ where
 
     async fn handle_error(
         &self,
-        mut session: Session,
+        session: &mut Session,
         ctx: &mut <SV as ProxyHttp>::CTX,
         e: Box<Error>,
         context: &str,
@@ -1444,23 +1445,23 @@ where
         SV: ProxyHttp + Send + Sync + 'static,
         <SV as ProxyHttp>::CTX: Send + Sync,
     {
-        let res = self.inner.fail_to_proxy(&mut session, &e, ctx).await;
-        if !self.inner.suppress_error_log(&session, ctx, &e) {
+        let res = self.inner.fail_to_proxy(session, &e, ctx).await;
+        if !self.inner.suppress_error_log(session, ctx, &e) {
             error!(
                 "{context} {}, status: {}, {}",
                 e,
                 res.error_code,
-                self.inner.request_summary(&session, ctx)
+                self.inner.request_summary(session, ctx)
             );
         }
-        self.inner.logging(&mut session, Some(&e), ctx).await;
-        self.cleanup_sub_req(&mut session);
+        self.inner.logging(session, Some(&e), ctx).await;
+        self.cleanup_sub_req(session);
 
         session.downstream_session.on_proxy_failure(e);
 
         if res.can_reuse_downstream {
-            let mut persistent_settings = HttpPersistentSettings::for_session(&session);
-            if let Some(uc) = self.inner.persist_connection_context(&session, ctx) {
+            let mut persistent_settings = HttpPersistentSettings::for_session(session);
+            if let Some(uc) = self.inner.persist_connection_context(session, ctx) {
                 persistent_settings.set_user_context(uc);
             }
             // In place: the downstream session is not moved (copied) out of its box.
@@ -1527,7 +1528,7 @@ where
         session.subrequest_ctx.replace(sub_req_ctx);
         trace!("processing subrequest");
         let ctx = self.inner.new_ctx();
-        self.process_request(session, ctx).await;
+        self.process_request(&mut session, ctx).await;
         trace!("subrequest done");
     }
 }
