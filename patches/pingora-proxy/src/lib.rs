@@ -94,8 +94,8 @@ mod proxy_h1;
 mod proxy_h2;
 mod proxy_purge;
 mod proxy_trait;
-mod task_pipe;
 pub mod subrequest;
+mod task_pipe;
 
 use subrequest::{BodyMode, Ctx as SubrequestCtx};
 
@@ -558,9 +558,7 @@ where
         SV: ProxyHttp + Send + Sync,
         SV::CTX: Send + Sync,
     {
-        self.inner
-            .logging(session, error.as_deref(), ctx)
-            .await;
+        self.inner.logging(session, error.as_deref(), ctx).await;
 
         if let Some(e) = error {
             session.downstream_session.on_proxy_failure(e);
@@ -1223,11 +1221,7 @@ where
         SV: ProxyHttp + Send + Sync + 'static,
         <SV as ProxyHttp>::CTX: Send + Sync,
     {
-        if let Err(e) = self
-            .inner
-            .early_request_filter(session, &mut ctx)
-            .await
-        {
+        if let Err(e) = self.inner.early_request_filter(session, &mut ctx).await {
             return self
                 .handle_error(session, &mut ctx, e, "Fail to early filter request:")
                 .await;
@@ -1293,11 +1287,7 @@ where
         self.cleanup_sub_req(session);
 
         // decide if the request is allowed to go to upstream
-        match self
-            .inner
-            .proxy_upstream_filter(session, &mut ctx)
-            .await
-        {
+        match self.inner.proxy_upstream_filter(session, &mut ctx).await {
             Ok(proxy_to_upstream) => {
                 if !proxy_to_upstream {
                     // The hook can choose to write its own response, but if it doesn't, we respond
