@@ -80,8 +80,8 @@ pub fn normalize(target: &str) -> Result<Normalized<'_>, PathError> {
     if !target.starts_with('/') {
         return Err(PathError::NotAbsolute);
     }
-    let (path, query) = target.split_at(target.find('?').unwrap_or(target.len()));
-    let scan = scan(path)?;
+    let scan = scan(target)?;
+    let (path, query) = target.split_at(scan.path_len);
     let path = if scan.normal {
         Cow::Borrowed(target)
     } else {
@@ -108,24 +108,33 @@ pub fn trim_host_dot(host: &str) -> &str {
 struct Scan {
     normal: bool,
     escaped_slash: bool,
+    /// Where the path ends: at the `?` of a query, or the end of the target.
+    path_len: usize,
 }
 
-/// Check every escape and decide, without allocating, whether `path` (which starts with `/`
-/// and has no query) is already normal: exactly when [`rebuild`] would return it unchanged.
-fn scan(path: &str) -> Result<Scan, PathError> {
-    let b = path.as_bytes();
+/// Find where the path of `target` (which starts with `/`) ends, check every escape in it and
+/// decide, without allocating, whether it is already normal: exactly when [`rebuild`] would
+/// return it unchanged. One pass; the query (after a `?`) is not looked at.
+fn scan(target: &str) -> Result<Scan, PathError> {
+    let b = target.as_bytes();
     let mut scan = Scan {
         normal: true,
         escaped_slash: false,
+        path_len: b.len(),
     };
     let mut seg_start = 1;
     let mut i = 1;
     while i <= b.len() {
-        if i == b.len() || b[i] == b'/' {
+        let end = i == b.len() || b[i] == b'?';
+        if end || b[i] == b'/' {
             let seg = &b[seg_start..i];
             // An empty segment is only normal at the end (a trailing slash).
-            if (seg.is_empty() && i < b.len()) || seg == b"." || seg == b".." {
+            if (seg.is_empty() && !end) || seg == b"." || seg == b".." {
                 scan.normal = false;
+            }
+            if end {
+                scan.path_len = i;
+                break;
             }
             seg_start = i + 1;
             i += 1;
