@@ -30,6 +30,24 @@ pub(crate) mod test_util {
     use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
     use tokio_test::io::Mock;
 
+    /// A head: `first_line` (with its CRLF), `count` headers `x-h{i}: v{i}`, the blank line.
+    pub(crate) fn head_with_headers(first_line: &[u8], count: usize) -> Vec<u8> {
+        let mut head = first_line.to_vec();
+        for i in 0..count {
+            head.extend_from_slice(format!("x-h{i}: v{i}\r\n").as_bytes());
+        }
+        head.extend_from_slice(b"\r\n");
+        head
+    }
+
+    /// `headers` are the `count` of [`head_with_headers`]: their number, the first and the last.
+    pub(crate) fn assert_numbered_headers(headers: &http::HeaderMap, count: usize) {
+        assert_eq!(headers.len(), count);
+        assert_eq!(headers["x-h0"], "v0");
+        let last = count - 1;
+        assert_eq!(headers[format!("x-h{last}").as_str()], format!("v{last}"));
+    }
+
     /// A wrapper around [`Mock`] that counts flush calls.
     ///
     /// `tokio_test::io::Mock`'s `poll_flush` always returns `Ready(Ok(()))`,

@@ -1945,23 +1945,14 @@ mod tests_stream {
     #[tokio::test]
     async fn read_request_with_the_most_headers_and_one_more() {
         init_log();
+        use crate::protocols::http::v1::test_util::{assert_numbered_headers, head_with_headers};
         for (count, ok) in [(MAX_HEADERS, true), (MAX_HEADERS + 1, false)] {
-            let mut input = b"GET / HTTP/1.1\r\n".to_vec();
-            for i in 0..count {
-                input.extend_from_slice(format!("x-h{i}: v{i}\r\n").as_bytes());
-            }
-            input.extend_from_slice(b"\r\n");
+            let input = head_with_headers(b"GET / HTTP/1.1\r\n", count);
             let mut http_stream = HttpSession::new(Box::new(Builder::new().read(&input).build()));
             let res = http_stream.read_request().await;
             assert_eq!(res.is_ok(), ok, "{count} headers");
             if ok {
-                let req = http_stream.req_header();
-                assert_eq!(req.headers.len(), count);
-                assert_eq!(req.headers["x-h0"], "v0");
-                assert_eq!(
-                    req.headers[format!("x-h{}", count - 1).as_str()],
-                    format!("v{}", count - 1)
-                );
+                assert_numbered_headers(&http_stream.req_header().headers, count);
             }
         }
     }
