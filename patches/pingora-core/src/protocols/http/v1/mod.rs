@@ -30,24 +30,6 @@ pub(crate) mod test_util {
     use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
     use tokio_test::io::Mock;
 
-    /// A head: `first_line` (with its CRLF), `count` headers `x-h{i}: v{i}`, the blank line.
-    pub(crate) fn head_with_headers(first_line: &[u8], count: usize) -> Vec<u8> {
-        let mut head = first_line.to_vec();
-        for i in 0..count {
-            head.extend_from_slice(format!("x-h{i}: v{i}\r\n").as_bytes());
-        }
-        head.extend_from_slice(b"\r\n");
-        head
-    }
-
-    /// `headers` are the `count` of [`head_with_headers`]: their number, the first and the last.
-    pub(crate) fn assert_numbered_headers(headers: &http::HeaderMap, count: usize) {
-        assert_eq!(headers.len(), count);
-        assert_eq!(headers["x-h0"], "v0");
-        let last = count - 1;
-        assert_eq!(headers[format!("x-h{last}").as_str()], format!("v{last}"));
-    }
-
     /// A wrapper around [`Mock`] that counts flush calls.
     ///
     /// `tokio_test::io::Mock`'s `poll_flush` always returns `Ready(Ok(()))`,
@@ -141,4 +123,50 @@ pub(crate) mod test_util {
         }
     }
     impl Peek for FlushTrackingMock {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common::MAX_HEADERS;
+    use tokio_test::io::Builder;
+
+    /// A head: `first_line` (with its CRLF), `count` headers `x-h{i}: v{i}`, the blank line.
+    fn head_with_headers(first_line: &[u8], count: usize) -> Vec<u8> {
+        let mut head = first_line.to_vec();
+        for i in 0..count {
+            head.extend_from_slice(format!("x-h{i}: v{i}\r\n").as_bytes());
+        }
+        head.extend_from_slice(b"\r\n");
+        head
+    }
+
+    /// `headers` are the `count` of [`head_with_headers`]: their number, the first and the last.
+    fn assert_numbered_headers(headers: &http::HeaderMap, count: usize) {
+        assert_eq!(headers.len(), count);
+        assert_eq!(headers["x-h0"], "v0");
+        let last = count - 1;
+        assert_eq!(headers[format!("x-h{last}").as_str()], format!("v{last}"));
+    }
+
+    /// Both heads are parsed into uninitialized headers: a request and a response of
+    /// `MAX_HEADERS` headers are read whole, and one more header is refused.
+    #[tokio::test]
+    async fn heads_with_the_most_headers_and_one_more() {
+        for (count, ok) in [(MAX_HEADERS, true), (MAX_HEADERS + 1, false)] {
+            let request = head_with_headers(b"GET / HTTP/1.1\r\n", count);
+            let mut server =
+                super::server::HttpSession::new(Box::new(Builder::new().read(&request).build()));
+            let read = server.read_request().await;
+            assert_eq!(read.is_ok(), ok, "a request of {count} headers");
+            let response = head_with_headers(b"HTTP/1.1 200 OK\r\n", count);
+            let mut client =
+                super::client::HttpSession::new(Box::new(Builder::new().read(&response).build()));
+            let read = client.read_response().await;
+            assert_eq!(read.is_ok(), ok, "a response of {count} headers");
+            if ok {
+                assert_numbered_headers(&server.req_header().headers, count);
+                assert_numbered_headers(&client.resp_header().unwrap().headers, count);
+            }
+        }
+    }
 }

@@ -1940,23 +1940,6 @@ mod tests_stream {
         let _ = env_logger::builder().is_test(true).try_init();
     }
 
-    /// The parser writes into uninitialized headers: a request with `MAX_HEADERS` headers is
-    /// read whole, each header's value its own; one more is refused.
-    #[tokio::test]
-    async fn read_request_with_the_most_headers_and_one_more() {
-        init_log();
-        use crate::protocols::http::v1::test_util::{assert_numbered_headers, head_with_headers};
-        for (count, ok) in [(MAX_HEADERS, true), (MAX_HEADERS + 1, false)] {
-            let input = head_with_headers(b"GET / HTTP/1.1\r\n", count);
-            let mut http_stream = HttpSession::new(Box::new(Builder::new().read(&input).build()));
-            let res = http_stream.read_request().await;
-            assert_eq!(res.is_ok(), ok, "{count} headers");
-            if ok {
-                assert_numbered_headers(&http_stream.req_header().headers, count);
-            }
-        }
-    }
-
     #[tokio::test]
     async fn read_basic() {
         init_log();
