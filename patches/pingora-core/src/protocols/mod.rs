@@ -148,6 +148,17 @@ impl HandedOn {
     }
 }
 
+#[cfg(test)]
+impl HandedOn {
+    /// Test that `stream` is a `HandedOn`: it reads the end at once and fails a write.
+    pub(crate) async fn assert_is(stream: &mut Stream) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        assert!(stream.as_any().downcast_ref::<HandedOn>().is_some());
+        assert_eq!(stream.read(&mut [0u8; 8]).await.unwrap(), 0);
+        assert!(stream.write(b"x").await.is_err());
+    }
+}
+
 mod handed_on_io {
     use super::*;
     use std::io;

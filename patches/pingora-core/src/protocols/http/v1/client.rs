@@ -2650,7 +2650,6 @@ hello\r\n\
     /// a connection that cannot be reused stays in the session.
     #[tokio::test]
     async fn reuse_in_place_hands_the_stream_on() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let input = b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na";
         let mut s = HttpSession::new(Box::new(Builder::new().read(&input[..]).build()));
         s.read_response().await.unwrap();
@@ -2661,14 +2660,7 @@ hello\r\n\
             .as_any()
             .downcast_ref::<tokio_test::io::Mock>()
             .is_some());
-        assert!(s
-            .underlying_stream
-            .as_any()
-            .downcast_ref::<HandedOn>()
-            .is_some());
-        let mut buf = [0u8; 8];
-        assert_eq!(s.underlying_stream.read(&mut buf).await.unwrap(), 0);
-        assert!(s.underlying_stream.write(b"x").await.is_err());
+        HandedOn::assert_is(&mut s.underlying_stream).await;
 
         let input = b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nConnection: close\r\n\r\na";
         let mut s = HttpSession::new(Box::new(Builder::new().read(&input[..]).build()));
