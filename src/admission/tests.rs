@@ -180,7 +180,6 @@ async fn admit_local_decides_as_admit() {
     // per-ip (2 in flight) is full at the third request; ip-minute (2 a minute) refuses after.
     assert_eq!(outcomes, ["ok", "ok", "full", "rate", "rate"]);
     assert_eq!(b_store.local().slots.held(), 0);
-    assert_eq!(b_store.local().slots.held(), 0);
 
     let redis = crate::store::RedisStore::new(
         crate::config::Topology::Single {
