@@ -28,12 +28,9 @@ struct Entry {
 
 type Shard = KeyMap<Entry>;
 
-/// The state `shard` holds for `key`, unless it has expired at `now`.
-fn live<'a>(shard: &'a Shard, key: &CounterKey, now: u64) -> Option<&'a State> {
-    shard
-        .get(key)
-        .filter(|e| e.expires_at > now)
-        .map(|e| &e.state)
+/// The state of `entry`, unless it has expired at `now`.
+fn live(entry: Option<&Entry>, now: u64) -> Option<&State> {
+    entry.filter(|e| e.expires_at > now).map(|e| &e.state)
 }
 
 pub struct MemoryStore {
@@ -65,7 +62,7 @@ impl MemoryStore {
         let mut admit = true;
         for c in checks {
             let key = c.key.for_algorithm(c.quota.algorithm);
-            let o = check(&c.quota, live(locked.map(&key), &key, now), now, c.cost);
+            let o = check(&c.quota, live(locked.map(&key).get(&key), now), now, c.cost);
             admit &= o.decision.allowed || c.shadow;
             out.push(o.decision);
             outcomes.push((key, o));
@@ -98,11 +95,7 @@ impl MemoryStore {
         let key = c.key.for_algorithm(c.quota.algorithm);
         let mut shard = self.shards.lock_one(&key);
         let entry = shard.get_mut(&key);
-        let state = entry
-            .as_ref()
-            .filter(|e| e.expires_at > now)
-            .map(|e| &e.state);
-        let o = check(&c.quota, state, now, c.cost);
+        let o = check(&c.quota, live(entry.as_deref(), now), now, c.cost);
         out.push(o.decision);
         let Some(state) = o.next.filter(|_| o.decision.allowed || c.shadow) else {
             return;
@@ -128,7 +121,7 @@ impl MemoryStore {
         let locked = self.shards.lock(checks.iter().map(|c| &c.key));
         for c in checks {
             let key = c.key.for_algorithm(c.quota.algorithm);
-            out.push(check(&c.quota, live(locked.map(&key), &key, now), now, 0).decision);
+            out.push(check(&c.quota, live(locked.map(&key).get(&key), now), now, 0).decision);
         }
     }
 

@@ -419,14 +419,9 @@ where
             // `get_http1_stream`).
             Some(Ok((stream, client_reused))) => {
                 let mut h1 = HttpSessionV1::new_with_options(stream, &*peer);
-                let (server_reused, client_reuse, error) = self
+                let (server_reused, error) = self
                     .proxy_to_h1_upstream(session, &mut h1, client_reused, &peer, ctx)
                     .await;
-                if client_reuse {
-                    self.client_upstream
-                        .release_http1_session_in_place(&mut h1, &*peer, peer.idle_timeout())
-                        .await;
-                }
                 return (
                     server_reused,
                     error.map(|e| {
@@ -442,20 +437,8 @@ where
             Ok((client_session, client_reused)) => {
                 let (server_reused, error) = match client_session {
                     ClientSession::H1(mut h1) => {
-                        let (server_reused, client_reuse, error) = self
-                            .proxy_to_h1_upstream(session, &mut h1, client_reused, &peer, ctx)
-                            .await;
-                        if client_reuse {
-                            // In place: the session is not moved (copied) again.
-                            self.client_upstream
-                                .release_http1_session_in_place(
-                                    &mut h1,
-                                    &*peer,
-                                    peer.idle_timeout(),
-                                )
-                                .await;
-                        }
-                        (server_reused, error)
+                        self.proxy_to_h1_upstream(session, &mut h1, client_reused, &peer, ctx)
+                            .await
                     }
                     ClientSession::H2(mut h2) => {
                         let (server_reused, mut error) = self

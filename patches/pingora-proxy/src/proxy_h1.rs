@@ -196,6 +196,8 @@ where
         }
     }
 
+    /// Proxy over `client_session`, then give it back to the pool (in place) if it can be
+    /// reused.
     pub(crate) async fn proxy_to_h1_upstream(
         &self,
         session: &mut Session,
@@ -203,8 +205,8 @@ where
         reused: bool,
         peer: &HttpPeer,
         ctx: &mut SV::CTX,
-    ) -> (bool, bool, Option<Box<Error>>)
-    // (reuse_server, reuse_client, error)
+    ) -> (bool, Option<Box<Error>>)
+    // (reuse_server, error)
     where
         SV: ProxyHttp + Send + Sync,
         SV::CTX: Send + Sync,
@@ -228,7 +230,7 @@ where
             )
             .await
         {
-            return (false, false, Some(e));
+            return (false, Some(e));
         }
 
         let (server_session_reuse, client_session_reuse, error) =
@@ -247,7 +249,13 @@ where
         let upstream_write_pending = current_write_pending.saturating_sub(initial_write_pending);
         session.set_upstream_write_pending_time(upstream_write_pending);
 
-        (server_session_reuse, client_session_reuse, error)
+        if client_session_reuse {
+            // In place: the session is not moved (copied) into the release.
+            self.client_upstream
+                .release_http1_session_in_place(client_session, peer, peer.idle_timeout())
+                .await;
+        }
+        (server_session_reuse, error)
     }
 
     async fn proxy_handle_upstream(

@@ -137,7 +137,9 @@ pub type Stream = Box<dyn IO>;
 
 /// What an HTTP/1 session holds in place of its connection once `reuse_in_place` has handed
 /// the connection on: reads find the end at once, writes fail. Zero-sized, so the [Stream]
-/// boxing it allocates nothing.
+/// boxing it allocates nothing. (The subrequests' `DummyIO` does not fit: it holds a buffer,
+/// an allocation per request, and once read it pends forever and swallows writes, so a
+/// session used by mistake after its reuse would hang rather than fail.)
 #[derive(Debug)]
 pub(crate) struct HandedOn;
 
