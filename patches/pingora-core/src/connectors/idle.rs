@@ -15,7 +15,7 @@
 //! The idle connections of a [super::TransportConnector]'s pool, watched by one task per
 //! connector instead of one task per released connection.
 //!
-//! A released connection is put in the pool with the instant its idle timeout ends, and noted
+//! A released connection is put in the pool with the time its idle timeout ends, and noted
 //! here. Every [SWEEP_INTERVAL], one task tests each noted connection that is still in the
 //! pool: one past its idle timeout, closed or reset by its peer, or holding data nobody asked
 //! for is taken out of the pool and closed. A connection is never reused past its idle
@@ -24,6 +24,7 @@
 
 use super::test_reusable_stream;
 use crate::protocols::{Stream, UniqueIDType};
+use crate::utils::coarse_time;
 use parking_lot::Mutex as SyncMutex;
 use pingora_pool::{ConnectionMeta, ConnectionPool};
 use std::collections::HashMap;
@@ -32,7 +33,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::Mutex;
 
@@ -40,10 +41,12 @@ use tokio::sync::Mutex;
 /// its peer, is closed within this much time (and never reused meanwhile).
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
-/// A connection in the pool, and the instant from which it must not be reused.
+/// A connection in the pool, and the time from which it must not be reused.
 pub(crate) struct PooledStream {
     pub(crate) stream: Stream,
-    deadline: Option<Instant>,
+    /// On the coarse monotonic clock (see [coarse_time]): an idle timeout is counted in
+    /// seconds, and a connection is released and reused once per request.
+    deadline: Option<Duration>,
 }
 
 impl PooledStream {
@@ -52,16 +55,16 @@ impl PooledStream {
     pub(crate) fn new(stream: Stream, idle_timeout: Option<Duration>) -> Self {
         PooledStream {
             stream,
-            deadline: idle_timeout.map(|t| Instant::now() + t),
+            deadline: idle_timeout.map(|t| coarse_time::monotonic() + t),
         }
     }
 
     /// Whether the idle timeout has passed (the clock is read only when there is one).
     pub(crate) fn expired(&self) -> bool {
-        self.deadline.is_some() && self.expired_at(Instant::now())
+        self.deadline.is_some() && self.expired_at(coarse_time::monotonic())
     }
 
-    fn expired_at(&self, now: Instant) -> bool {
+    fn expired_at(&self, now: Duration) -> bool {
         self.deadline.is_some_and(|d| now >= d)
     }
 }
@@ -121,7 +124,7 @@ impl IdleWatch {
     /// closed or reset by its peer, or holding unexpected data. Returns how many it closed.
     pub(crate) fn sweep(&self, pool: &Pool, unexpected_data_conn_count: &AtomicU64) -> usize {
         let mut closing = Vec::new();
-        let now = Instant::now();
+        let now = coarse_time::monotonic();
         self.released.lock().retain(|_, w| {
             let Some(conn) = w.conn.upgrade() else {
                 return false; // no longer in the pool
@@ -184,6 +187,7 @@ mod tests {
     use crate::connectors::{ConnectorOptions, TransportConnector};
     use crate::upstreams::peer::{BasicPeer, Peer};
     use std::sync::atomic::AtomicUsize;
+    use std::time::Instant;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
 

@@ -15,6 +15,7 @@
 //! This module contains various types that make it easier to work with bytes and X509
 //! certificates.
 
+pub(crate) mod coarse_time;
 #[cfg(feature = "any_tls")]
 pub mod tls;
 
