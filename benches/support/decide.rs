@@ -114,7 +114,7 @@ pub fn decide_and_count(
     now: u64,
 ) -> Admitted {
     let (admitted, report) = decide(cfg, store, headers, peer, "/x", now);
-    observer.decided(cfg, &report, std::time::Instant::now());
+    observer.decided(cfg, &report, std::time::SystemTime::now());
     admitted
 }
 

@@ -215,11 +215,13 @@ impl Observer {
 
     /// What admission decided, since `started`: decisions by limit, failure policies, check
     /// time and quota use. A request no limit applied to is not a check (nor a clock read).
-    pub fn decided(&self, cfg: &Arc<Config>, report: &Report, started: Instant) {
+    /// `started` is on the system clock, which the limits' time was read from too: a check
+    /// during which that clock stepped back is timed as 0.
+    pub fn decided(&self, cfg: &Arc<Config>, report: &Report, started: SystemTime) {
         if report.decided.is_empty() && report.failed.is_empty() {
             return;
         }
-        let took = started.elapsed();
+        let took = started.elapsed().unwrap_or_default();
         self.with_labels(cfg, |l| {
             for d in &report.decided {
                 l.decision(d.limit, d.outcome, d.source);

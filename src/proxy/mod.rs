@@ -140,8 +140,7 @@ impl Gateway {
             }
         }
 
-        // 3. Load shedding by priority, before any store call: a shed request costs no
-        // round trip.
+        // 3. Load shedding by priority, before any store call (a shed costs no round trip).
         let class = shed::classify(
             cfg.shedding.as_ref(),
             route.priority,
@@ -172,8 +171,9 @@ impl Gateway {
         // The connection's remembered keys, looked up only for a request that needs keys.
         request.keys = ConnState::of(session).map(|c| c.keys());
         let mut report = Report::default();
-        let started = std::time::Instant::now();
-        let now = self.clock.now_ms();
+        // One clock read for both: the limits' time and the start of the check's timing.
+        let started = std::time::SystemTime::now();
+        let now = self.clock.ms_at(started);
         let outcome = match admission::admit_local(&self.store, &request, now, &mut report) {
             Some(outcome) => outcome,
             None => admission::admit(&self.store, &request, now, &mut report).await,
