@@ -8,7 +8,9 @@
 # Per proxy it reports req/s, p50/p99 latency and the CPU time per request: user and system
 # time of every thread of the proxy's processes (/proc/PID/task/*/stat) divided by the
 # requests served in the same interval. Rows run in interleaved rounds (A-B-...-B-A), and each
-# figure is the median of ROUNDS rounds. Then a fixed-rate run at half of the slowest row's
+# figure is the median of ROUNDS rounds; a ratio (÷ nginx, ÷ no limits: the tollgate row without
+# limits built the same way) is the median of the rounds' own ratios, which cancels most of the
+# machine's drift from round to round. Then a fixed-rate run at half of the slowest row's
 # peak reports p50/p99/p99.9 latency of each proxy at the same offered load (oha).
 #
 # Rows (ROWS to pick; all by default):
@@ -137,15 +139,22 @@ for line in open(sys.argv[1]):
     rows.setdefault(name, []).append([float(x) for x in v])
 order = sys.argv[2:]
 med = {n: [statistics.median(r[i] for r in rows[n]) for i in range(5)] + [statistics.median(r[3] + r[4] for r in rows[n]), statistics.median(r[5] for r in rows[n])] for n in order}
-base = med.get("nginx", med[order[0]])[5]
-print("| proxy | req/s | p50 ms | p99 ms | user µs/req | sys µs/req | total µs/req | ÷ nginx | wrk + upstream µs/req |")
-print("|---|---|---|---|---|---|---|---|---|")
+# A ratio is the median of the rounds' ratios: the rows of one round ran within a minute or two
+# of each other, so most of the machine's drift between rounds cancels.
+def paired(n, b):
+    return statistics.median((x[3] + x[4]) / (y[3] + y[4]) for x, y in zip(rows[n], rows[b]))
+base = "nginx" if "nginx" in rows else order[0]
+def nolimits_of(n):
+    b = "nolimits-pgo" if n.endswith("-pgo") else "nolimits"
+    return f"{paired(n, b):.3f}" if b in rows else "–"
+print("| proxy | req/s | p50 ms | p99 ms | user µs/req | sys µs/req | total µs/req | ÷ nginx | ÷ no limits | wrk + upstream µs/req |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for n in order:
     m = med[n]
-    print(f"| {n} | {m[0]:,.0f} | {m[1]:.2f} | {m[2]:.2f} | {m[3]:.1f} | {m[4]:.1f} | {m[5]:.1f} | {m[5] / base:.2f} | {m[6]:.1f} |")
+    print(f"| {n} | {m[0]:,.0f} | {m[1]:.2f} | {m[2]:.2f} | {m[3]:.1f} | {m[4]:.1f} | {m[5]:.1f} | {paired(n, base):.3f} | {nolimits_of(n)} | {m[6]:.1f} |")
 open(sys.argv[1] + ".slowest", "w").write(str(min(m[0] for m in med.values())))
 PY
-echo "(wrk -t1 -c$conns -d${secs}s, $rounds interleaved rounds, medians; $threads worker(s) per proxy on CPUs $PROXY_CPUS; wrk, upstream and Redis on CPUs $LOAD_CPUS)"
+echo "(wrk -t1 -c$conns -d${secs}s, $rounds interleaved rounds, medians (ratios: medians of the rounds' ratios); $threads worker(s) per proxy on CPUs $PROXY_CPUS; wrk, upstream and Redis on CPUs $LOAD_CPUS)"
 
 if command -v oha >/dev/null; then
   rate=$(python3 -c "print(int(float(open('$dir/peak.slowest').read()) / 2))")
