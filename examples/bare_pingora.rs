@@ -26,7 +26,7 @@ use pingora_proxy::{ProxyHttp, Session};
 use std::net::SocketAddr;
 use tollgate::config::{load, Overrides, UpstreamTimeouts};
 use tollgate::proxy::peer;
-use tollgate::server::{pingora_conf, server_options};
+use tollgate::server::{pingora_conf, pingora_process_settings, server_options};
 
 struct Bare {
     upstream: SocketAddr,
@@ -109,6 +109,7 @@ fn main() {
         graceful_shutdown_timeout_seconds: Some(1),
         ..pingora_conf(s)
     };
+    pingora_process_settings();
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
     let mut proxy = pingora_proxy::http_proxy_service_with_name(

@@ -82,6 +82,13 @@ pub fn server_options(s: &ServerSettings) -> HttpServerOptions {
     options
 }
 
+/// Pingora's process-wide settings for the proxy (`examples/bare_pingora` takes them too):
+/// streams do not time their reads' and writes' waits, which nothing here asks for and which
+/// cost two clock reads a wait (Pingora pull request 30, `patches/README.md`).
+pub fn pingora_process_settings() {
+    pingora_core::protocols::l4::stream::set_pending_time_accounting(false);
+}
+
 /// Pingora's settings for the proxy (`examples/bare_pingora` runs on them too).
 pub fn pingora_conf(s: &ServerSettings) -> ServerConf {
     let mut conf = ServerConf {
@@ -181,6 +188,7 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
         upgrade: opts.upgrade,
         ..Opt::default()
     };
+    pingora_process_settings();
     let mut server = Server::new_with_opt_and_conf(Some(opt), pingora_conf(s));
     server.bootstrap();
 
