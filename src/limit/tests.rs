@@ -1227,3 +1227,17 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_system_clock_converts_a_wall_time_read_and_another_clock_tells_its_own() {
+    struct Fixed(u64);
+    impl Clock for Fixed {
+        fn now_ms(&self) -> u64 {
+            self.0
+        }
+    }
+    let wall = std::time::UNIX_EPOCH + std::time::Duration::from_micros(1_795_770_960_123_999);
+    assert_eq!(SystemClock.ms_at(wall), 1_795_770_960_123);
+    assert_eq!(SystemClock.ms_at(std::time::UNIX_EPOCH), 0);
+    assert_eq!(Fixed(42).ms_at(wall), 42);
+}
