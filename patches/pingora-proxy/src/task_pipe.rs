@@ -29,7 +29,7 @@
 use spin::mutex::{SpinMutex, SpinMutexGuard};
 use std::fmt;
 use std::future::poll_fn;
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 
 use pingora_core::protocols::http::HttpTask;
 
@@ -101,6 +101,15 @@ fn wake(waker: Option<Waker>) {
     if let Some(w) = waker {
         w.wake();
     }
+}
+
+/// Put `task` in the pipe `inner` has locked (it has room), release the lock, and wake the
+/// receiver if it waits.
+fn push_and_wake(mut inner: SpinMutexGuard<'_, Inner>, task: HttpTask) {
+    inner.push(task);
+    let waiting = inner.receiver_waiting.take();
+    drop(inner);
+    wake(waiting);
 }
 
 impl TaskPipe {
@@ -178,21 +187,11 @@ impl PipeSender<'_> {
     pub(crate) async fn send(&self, task: HttpTask) -> Result<(), PipeClosed> {
         let mut task = Some(task);
         poll_fn(|cx| {
-            let mut inner = self.pipe.lock();
-            if !inner.receiver_alive {
-                return Poll::Ready(Err(PipeClosed));
-            }
-            if inner.has_room() {
+            self.poll_room(cx).map_ok(|inner| {
                 if let Some(task) = task.take() {
-                    inner.push(task);
+                    push_and_wake(inner, task);
                 }
-                let waiting = inner.receiver_waiting.take();
-                drop(inner);
-                wake(waiting);
-                return Poll::Ready(Ok(()));
-            }
-            register(&mut inner.sender_waiting, cx.waker());
-            Poll::Pending
+            })
         })
         .await
     }
@@ -202,18 +201,29 @@ impl PipeSender<'_> {
     /// receiver told that the sender is gone gets no task after that.
     pub(crate) async fn reserve(&self) -> Result<PipePermit<'_>, PipeClosed> {
         poll_fn(|cx| {
-            let mut inner = self.pipe.lock();
-            if !inner.receiver_alive {
-                return Poll::Ready(Err(PipeClosed));
-            }
-            if inner.has_room() {
+            self.poll_room(cx).map_ok(|mut inner| {
                 inner.reserved += 1;
-                return Poll::Ready(Ok(PipePermit { pipe: self.pipe }));
-            }
-            register(&mut inner.sender_waiting, cx.waker());
-            Poll::Pending
+                PipePermit { pipe: self.pipe }
+            })
         })
         .await
+    }
+
+    /// The locked pipe once a slot is free; `PipeClosed` once the receiver is gone; else
+    /// `Pending`, with this task's waker left for the receiver.
+    fn poll_room(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<SpinMutexGuard<'_, Inner>, PipeClosed>> {
+        let mut inner = self.pipe.lock();
+        if !inner.receiver_alive {
+            return Poll::Ready(Err(PipeClosed));
+        }
+        if inner.has_room() {
+            return Poll::Ready(Ok(inner));
+        }
+        register(&mut inner.sender_waiting, cx.waker());
+        Poll::Pending
     }
 
     /// Reserve a slot if one is free now.
@@ -250,19 +260,18 @@ impl PipePermit<'_> {
     /// Put `task` in the reserved slot. If the receiver has gone meanwhile, the task is
     /// dropped, as nothing would read it.
     pub(crate) fn send(self, task: HttpTask) {
-        let (waiting, unread) = {
-            let mut inner = self.pipe.lock();
-            inner.reserved -= 1;
-            if inner.receiver_alive {
-                inner.push(task);
-                (inner.receiver_waiting.take(), None)
-            } else {
-                (None, Some(task))
-            }
-        };
+        let pipe = self.pipe;
+        // The slot is given back here, not by `Drop`.
         std::mem::forget(self);
-        drop(unread);
-        wake(waiting);
+        let mut inner = pipe.lock();
+        inner.reserved -= 1;
+        if inner.receiver_alive {
+            push_and_wake(inner, task);
+        } else {
+            // Dropped outside the lock.
+            drop(inner);
+            drop(task);
+        }
     }
 }
 
