@@ -48,8 +48,12 @@ impl Upstream {
         }
     }
 
-    /// Round robin over the servers.
+    /// Round robin over the servers. A single server is picked without the shared counter's
+    /// atomic add and the division.
     pub fn pick(&self) -> SocketAddr {
+        if let [only] = self.servers[..] {
+            return only;
+        }
         let i = self.next.fetch_add(1, Ordering::Relaxed);
         self.servers[i % self.servers.len()]
     }
@@ -244,4 +248,32 @@ pub(super) fn sort_for_matching(routes: &mut [Route]) {
             .cmp(&a.path_prefix.len())
             .then(b.host.is_some().cmp(&a.host.is_some()))
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(servers: &[&str]) -> Upstream {
+        let t = Duration::from_secs(1);
+        let timeouts = UpstreamTimeouts {
+            connect: t,
+            read: t,
+            write: t,
+            idle: t,
+        };
+        let servers = servers.iter().map(|s| s.parse().unwrap()).collect();
+        Upstream::new("u".into(), servers, timeouts)
+    }
+
+    #[test]
+    fn pick_goes_round_the_servers_and_always_to_a_single_one() {
+        let three = upstream(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
+        let ports: Vec<u16> = (0..7).map(|_| three.pick().port()).collect();
+        assert_eq!(ports, [1, 2, 3, 1, 2, 3, 1]);
+        let one = upstream(&["127.0.0.1:9"]);
+        assert!((0..3).all(|_| one.pick().port() == 9));
+        // The single server's pick leaves the counter alone.
+        assert_eq!(one.next.load(Ordering::Relaxed), 0);
+    }
 }
