@@ -53,8 +53,7 @@ fn request_path(c: &mut Criterion) {
         Overrides::default(),
     ));
     let counted_cfg = handle.snapshot();
-    let observer =
-        Observer::new(handle, store.clone(), Arc::new(Shedder::new())).expect("observer");
+    let observer = Observer::new(handle, store.clone(), Shedder::leaked()).expect("observer");
     c.bench_function(
         "request + metrics: identify+route+admit+count, memory store (3 limits)",
         |b| {

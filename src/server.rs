@@ -193,17 +193,17 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
     server.bootstrap();
 
     let store = Arc::new(Store::new(&cfg.startup.store).map_err(StartError::Store)?);
-    let shedder = Arc::new(Shedder::new());
+    let shedder = Shedder::leaked();
     let conns = Connections::new(connection_cap(s, open_files), s.header_timeout);
     let lifecycle = Lifecycle::new(conns.clone(), s.drain_period, s.grace_period);
     let quotas = cfg.startup.quotas.clone().map(Quotas::new);
-    let observer = observer(&config, &store, &shedder, &lifecycle, &quotas)?;
+    let observer = observer(&config, &store, shedder, &lifecycle, &quotas)?;
     let gateway = Gateway {
         config: config.clone(),
         quotas: quotas.clone(),
         store: store.clone(),
         clock: Arc::new(SystemClock),
-        shedder: shedder.clone(),
+        shedder,
         lifecycle: lifecycle.clone(),
         observer: observer.clone(),
     };
@@ -251,11 +251,11 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
 fn observer(
     config: &Arc<ConfigHandle>,
     store: &Arc<Store>,
-    shedder: &Arc<Shedder>,
+    shedder: &'static Shedder,
     lifecycle: &Lifecycle,
     quotas: &Option<Arc<Quotas>>,
 ) -> Result<Arc<Observer>, StartError> {
-    let observer = Observer::new(config.clone(), store.clone(), shedder.clone());
+    let observer = Observer::new(config.clone(), store.clone(), shedder);
     let observer = observer.map_err(StartError::AccessLog)?;
     let observer = Arc::new(observer.with_quotas(quotas.clone()));
     let flushed = observer.clone();

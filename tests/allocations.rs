@@ -59,7 +59,7 @@ fn the_memory_store_admit_path_allocates_nothing() {
     // The same with the metrics of every decision counted, as request_filter does.
     let handle = Arc::new(ConfigHandle::new(cfg, None, Overrides::default()));
     let cfg = handle.snapshot();
-    let shedder = Arc::new(Shedder::new());
+    let shedder = Shedder::leaked();
     let observer = Observer::new(handle, store.clone(), shedder).expect("observer");
     let counted = |headers: &HeaderMap, peer: IpAddr| {
         support::allocations_per(|now| {

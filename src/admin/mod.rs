@@ -33,7 +33,7 @@ use auth::Access;
 pub struct Admin {
     pub config: Arc<ConfigHandle>,
     pub store: Arc<Store>,
-    pub shedder: Arc<crate::shed::Shedder>,
+    pub shedder: &'static crate::shed::Shedder,
     pub conns: Arc<crate::conn::Connections>,
     pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
     pub observer: Arc<Observer>,

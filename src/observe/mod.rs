@@ -121,7 +121,7 @@ pub struct Observer {
     resolving: parking_lot::Mutex<()>,
     config: Arc<ConfigHandle>,
     store: Arc<Store>,
-    shedder: Arc<Shedder>,
+    shedder: &'static Shedder,
     log: AccessLog,
     /// This process among all gateways (as the start of every request id it makes), and the
     /// requests numbered so far, for request ids.
@@ -139,7 +139,7 @@ impl Observer {
     pub fn new(
         config: Arc<ConfigHandle>,
         store: Arc<Store>,
-        shedder: Arc<Shedder>,
+        shedder: &'static Shedder,
     ) -> std::io::Result<Observer> {
         let cfg = config.snapshot();
         let metrics = Metrics::new();
@@ -340,7 +340,7 @@ impl Observer {
     pub fn render_metrics(&self) -> Vec<u8> {
         let cfg = self.config.snapshot();
         self.with_labels(&cfg, |_| ());
-        self.metrics.sync(&self.store, &self.shedder, &self.config);
+        self.metrics.sync(&self.store, self.shedder, &self.config);
         let m = &self.metrics;
         let add = |c: &prometheus::IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
         add(&m.access_log_dropped, self.log.dropped());

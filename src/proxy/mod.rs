@@ -45,7 +45,7 @@ pub struct Gateway {
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
     /// Requests in flight in this process, for load shedding.
-    pub shedder: Arc<Shedder>,
+    pub shedder: &'static Shedder,
     /// Whether the gateway is draining for shutdown.
     pub lifecycle: Arc<Lifecycle>,
     /// Metrics, top callers and the access log.
