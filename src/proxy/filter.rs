@@ -4,12 +4,13 @@
 //! Phase: `request_filter`.
 
 use pingora_error::Result;
-use pingora_http::{RequestHeader, StaticHeaderName};
+use pingora_http::StaticHeaderName;
 use pingora_proxy::Session;
 
 use super::{refused, respond, Gateway, RequestCtx};
 use crate::admission::Refused;
 use crate::config::Config;
+use crate::conn::ConnState;
 use crate::head;
 use crate::observe::{self, digest_peer_ip, Observer};
 use crate::refusal::Refusal;
@@ -23,10 +24,7 @@ impl Gateway {
         };
         // The peer as the connection's entry noted it at accept: the same socket address as the
         // session's digest, which Pingora then need not make for this request.
-        ctx.peer = match &ctx.peer_text {
-            Some((ip, _)) => Some(*ip),
-            None => digest_peer_ip(session),
-        };
+        ctx.peer = ctx.conn_peer.or_else(|| digest_peer_ip(session));
         // 0. The head: Host, sizes, the path's normal form. 1-4: identity, route, shedding,
         // limits.
         let decided = match check_head(&cfg, session) {
@@ -37,7 +35,7 @@ impl Gateway {
         // 5. Answer, or proceed upstream with the headers of the decisive limit.
         match decided {
             Ok(admitted) => {
-                forwarding_headers(&self.observer, session.req_header_mut(), ctx)?;
+                forwarding_headers(&self.observer, session, ctx)?;
                 ctx.decisive = admitted.decisive;
                 ctx.degraded = admitted.degraded;
                 ctx.decided_at = admitted.decided_at;
@@ -71,13 +69,19 @@ fn check_head(cfg: &Config, session: &mut Session) -> std::result::Result<(), Re
 /// `X-Forwarded-For` with the peer appended. Written into the request's own head, which
 /// Pingora copies for the upstream (and again for each retry): the parsed head has room for
 /// them, where the copy, sized to exactly the headers it holds, would grow both its maps.
-fn forwarding_headers(
-    observer: &Observer,
-    req: &mut RequestHeader,
-    ctx: &RequestCtx,
-) -> Result<()> {
+fn forwarding_headers(observer: &Observer, session: &mut Session, ctx: &RequestCtx) -> Result<()> {
     static X_FORWARDED_FOR: StaticHeaderName = StaticHeaderName::from_static("x-forwarded-for");
     static X_REQUEST_ID: StaticHeaderName = StaticHeaderName::from_static(observe::REQUEST_ID);
+    let xff = X_FORWARDED_FOR.as_header_name();
+    // The usual case, no proxy before this one: the connection's own text of the peer.
+    let peer_text = match ctx.peer {
+        Some(peer) if !session.req_header().headers.contains_key(xff) => ConnState::of(session)
+            .and_then(|c| c.peer())
+            .filter(|(ip, _)| *ip == peer)
+            .map(|(_, text)| text.clone()),
+        _ => None,
+    };
+    let req = session.req_header_mut();
     let id = ctx.obs.generated_id(observer);
     // Room for both at once, should the head have none left.
     req.reserve(1 + usize::from(id.is_some()));
@@ -85,12 +89,8 @@ fn forwarding_headers(
         req.insert_header(&X_REQUEST_ID, id)?;
     }
     let Some(peer) = ctx.peer else { return Ok(()) };
-    let xff = X_FORWARDED_FOR.as_header_name();
-    if !req.headers.contains_key(xff) {
-        // The usual case, no proxy before this one: the connection's own text of the peer.
-        if let Some((_, text)) = ctx.peer_text.as_ref().filter(|(ip, _)| *ip == peer) {
-            return req.insert_header(&X_FORWARDED_FOR, text.clone());
-        }
+    if let Some(text) = peer_text {
+        return req.insert_header(&X_FORWARDED_FOR, text);
     }
     let mut chain = Vec::with_capacity(48);
     for v in req.headers.get_all(xff) {

@@ -60,8 +60,8 @@ pub struct RequestCtx {
     config: Option<Arc<Config>>,
     route: Option<RouteId>,
     peer: Option<IpAddr>,
-    /// The connection's peer and its text, made once per connection ([`ConnState::peer`]).
-    peer_text: Option<(IpAddr, http::HeaderValue)>,
+    /// The connection's peer, whose text was made once per connection ([`ConnState::peer`]).
+    conn_peer: Option<IpAddr>,
     /// The most restrictive enforcing rate limit, for the response headers.
     decisive: Option<(LimitId, Decision)>,
     degraded: Option<OnError>,
@@ -190,7 +190,7 @@ impl Gateway {
         ctx.obs = self.observer.begin(session, &cfg);
         let conn = ConnState::of(session);
         let tracked = conn.map(|conn| conn.busy()).is_some();
-        ctx.peer_text = conn.and_then(|conn| conn.peer().cloned());
+        ctx.conn_peer = conn.and_then(|conn| conn.peer()).map(|(ip, _)| *ip);
         session.set_pipelining_enabled(true);
         // Only where Pingora keeps the connection (HTTP/1.1, or 1.0 asking for keep-alive);
         // `Some(0)` would mean "forever".
