@@ -1343,6 +1343,13 @@ impl HttpSession {
         self.raw_header.as_ref().unwrap().get_bytes(&self.buf)
     }
 
+    /// The size of the request header as received, in bytes (0 before one has been read):
+    /// `get_headers_raw_bytes().len()` without taking a reference to the read buffer, an atomic
+    /// increment and decrement of its count.
+    pub fn headers_raw_len(&self) -> usize {
+        self.raw_header.as_ref().map_or(0, BufRef::len)
+    }
+
     /// Close the connection abruptly. This allows to signal the client that the connection is closed
     /// before dropping [`HttpSession`]
     pub async fn shutdown(&mut self) {
@@ -1949,6 +1956,21 @@ mod tests_stream {
         let res = http_stream.read_request().await;
         assert_eq!(input.len(), res.unwrap().unwrap());
         assert_eq!(0, http_stream.req_header().headers.len());
+    }
+
+    #[tokio::test]
+    async fn headers_raw_len_is_the_raw_heads_length() {
+        init_log();
+        let input = b"GET / HTTP/1.1\r\nHost: pingora.org\r\n\r\nbody";
+        let mock_io = Builder::new().read(&input[..]).build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        assert_eq!(http_stream.headers_raw_len(), 0);
+        http_stream.read_request().await.unwrap();
+        assert_eq!(http_stream.headers_raw_len(), input.len() - 4);
+        assert_eq!(
+            http_stream.headers_raw_len(),
+            http_stream.get_headers_raw_bytes().len()
+        );
     }
 
     /// The digest is made from the stream when first asked for, not with each session: reading
