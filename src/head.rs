@@ -87,7 +87,7 @@ pub fn head_bytes(session: &pingora_proxy::Session) -> usize {
     session
         .as_downstream()
         .as_http1()
-        .map_or(0, |h| h.get_headers_raw_bytes().len())
+        .map_or(0, |h| h.headers_raw_len())
 }
 
 #[cfg(test)]
