@@ -3,6 +3,8 @@
 //!
 //! Phase: `request_filter`.
 
+use std::sync::Arc;
+
 use pingora_error::Result;
 use pingora_http::StaticHeaderName;
 use pingora_proxy::Session;
@@ -18,20 +20,31 @@ use crate::refusal::Refusal;
 impl Gateway {
     /// `request_filter`: `Ok(true)` when the gateway answered itself.
     pub(super) async fn filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        let cfg = match &ctx.config {
-            Some(c) => c.clone(),
-            None => self.config.snapshot(),
-        };
+        // The request's snapshot, moved out of the context while the steps borrow the context
+        // and put back after (a clone would cost two atomic operations). Should the steps not
+        // finish, the later phases fall back to the current snapshot.
+        let cfg = ctx.config.take().unwrap_or_else(|| self.config.snapshot());
+        let answered = self.filter_on(&cfg, session, ctx).await;
+        ctx.config = Some(cfg);
+        answered
+    }
+
+    async fn filter_on(
+        &self,
+        cfg: &Arc<Config>,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<bool> {
         // The peer as the connection's entry noted it at accept: the same socket address as the
         // session's digest, which Pingora then need not make for this request.
         ctx.peer = ctx.conn_peer.or_else(|| digest_peer_ip(session));
         // 0. The head: Host, sizes, the path's normal form. 1-4: identity, route, shedding,
         // limits.
-        let decided = match check_head(&cfg, session) {
-            Ok(()) => self.decide(&cfg, session, ctx).await,
+        let decided = match check_head(cfg, session) {
+            Ok(()) => self.decide(cfg, session, ctx).await,
             Err(refused) => Err(refused),
         };
-        self.observer.verdict(&cfg, session, &mut ctx.obs, &decided);
+        self.observer.verdict(cfg, session, &mut ctx.obs, &decided);
         // 5. Answer, or proceed upstream with the headers of the decisive limit.
         match decided {
             Ok(admitted) => {
@@ -42,7 +55,7 @@ impl Gateway {
                 ctx.slots = admitted.slots;
                 Ok(false)
             }
-            Err(refused) => respond(session, &cfg, refused).await,
+            Err(refused) => respond(session, cfg, refused).await,
         }
     }
 }
