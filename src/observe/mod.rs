@@ -13,8 +13,11 @@
 pub mod access_log;
 pub mod format;
 pub mod metrics;
+#[cfg(test)]
+mod tests;
 pub mod top;
 
+use std::cell::RefCell;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -42,6 +45,15 @@ pub const REQUEST_ID: &str = "x-request-id";
 const REQUEST_ID_NAME: http::HeaderName = http::HeaderName::from_static(REQUEST_ID);
 /// Longest request id taken from a client; a longer one is replaced.
 const MAX_REQUEST_ID: usize = 128;
+
+/// Moves on whenever an observer's current labels change (a reload's first request or scrape).
+static LABELS_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The labels this thread's last request used: whose (the observer's address), the
+    /// [`LABELS_GENERATION`] then, and the labels, kept alive by this.
+    static LAST_LABELS: RefCell<Option<(usize, u64, Arc<Labels>)>> = const { RefCell::new(None) };
+}
 
 /// What one request was decided, for its log line.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -170,17 +182,39 @@ impl Observer {
 
     /// The label handles of `cfg`, then `f` of them. The current config's are resolved once
     /// (on its first request or scrape) and kept; a request still running on an older config
-    /// after a reload gets labels of its own.
+    /// after a reload gets labels of its own. A thread uses the labels of its last request
+    /// again, without touching the shared ones (a load from the `ArcSwap` is two atomic
+    /// read-modify-writes), while they are of `cfg` and no observer's have changed since.
     fn with_labels<R>(&self, cfg: &Arc<Config>, f: impl FnOnce(&Labels) -> R) -> R {
-        let cur = self.labels.load();
-        if cur.of(cfg) {
-            return f(&cur);
+        let me = std::ptr::from_ref(self) as usize;
+        let generation = LABELS_GENERATION.load(Ordering::Acquire);
+        let mut f = Some(f);
+        let remembered = LAST_LABELS.with_borrow(|last| match last {
+            Some((of, g, l)) if *of == me && *g == generation && l.of(cfg) => {
+                f.take().map(|f| f(l))
+            }
+            _ => None,
+        });
+        if let Some(r) = remembered {
+            return r;
         }
-        drop(cur);
+        let labels = self.labels_of(cfg);
+        let r = f.map(|f| f(&labels));
+        LAST_LABELS.set(Some((me, generation, labels)));
+        r.expect("f is called once")
+    }
+
+    /// The labels of `cfg`: the current ones, or resolved now (and kept when `cfg` is the
+    /// current config, pruning the series the last config had and this one has not).
+    fn labels_of(&self, cfg: &Arc<Config>) -> Arc<Labels> {
+        let cur = self.labels.load_full();
+        if cur.of(cfg) {
+            return cur;
+        }
         let _one = self.resolving.lock();
         let cur = self.labels.load_full();
         if cur.of(cfg) {
-            return f(&cur);
+            return cur;
         }
         let next = Arc::new(Labels::resolve(
             &self.metrics,
@@ -190,8 +224,10 @@ impl Observer {
         if Arc::ptr_eq(&self.config.snapshot(), cfg) {
             cur.prune(&self.metrics, &next);
             self.labels.store(next.clone());
+            // After the store: a thread that sees the new generation loads the new labels.
+            LABELS_GENERATION.fetch_add(1, Ordering::Release);
         }
-        f(&next)
+        next
     }
 
     /// A request starts: its clock and, while the access log is on, its id unless the client
