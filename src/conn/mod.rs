@@ -286,8 +286,9 @@ impl ConnState {
             .compare_exchange(IDLE, KILLED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if killed {
-            if let Some(w) = self.waker.lock().take() {
-                w.wake();
+            // Woken by reference: the waker stays, as the stream remembers leaving it.
+            if let Some(w) = self.waker.lock().as_ref() {
+                w.wake_by_ref();
             }
         }
         killed

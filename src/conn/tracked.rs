@@ -30,6 +30,9 @@ pub struct Tracked {
     /// The waker the timer was last polled with: while the timer is still pending and this
     /// waker would wake the same task, the timer need not be polled again.
     timer_waker: Option<Waker>,
+    /// The waker last left in the connection's state for [`ConnState::kill`]: while a read
+    /// would wake the same task, it is there already, and the state's lock is not taken.
+    kill_waker: Option<Waker>,
 }
 
 impl Tracked {
@@ -40,6 +43,7 @@ impl Tracked {
             sleep: None,
             armed_for: 0,
             timer_waker: None,
+            kill_waker: None,
         }
     }
 
@@ -133,12 +137,15 @@ impl Tracked {
         if read.is_ready() {
             return read;
         }
+        // Left for [`ConnState::kill`] once per task (a kill wakes it and leaves it there).
+        if !self
+            .kill_waker
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
         {
-            // Kept for [`ConnState::kill`]; the same task's waker is not cloned again.
-            let mut waker = self.state.waker.lock();
-            if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                *waker = Some(cx.waker().clone());
-            }
+            let waker = cx.waker().clone();
+            *self.state.waker.lock() = Some(waker.clone());
+            self.kill_waker = Some(waker);
         }
         // Killed before the waker was there to be woken: see it now.
         if self.state.phase.load(Ordering::Acquire) == KILLED {
