@@ -1,4 +1,4 @@
-# Sourced by the whole-system load tests (proxy.sh, cpu.sh). Defines:
+# Sourced by the whole-system load tests (proxy.sh, cpu.sh, profile.sh, paired.sh, instructions.sh). Defines:
 #   free_port                 a free loopback port
 #   need TOOL "apt package"   fail with what to install when TOOL is missing
 #   tree PID                  PID and its children (NGINX's master and workers)
@@ -29,6 +29,10 @@
 #                             access log on stdout) $dir/LABEL.out; its PID is $!
 #   start_bench               a temporary directory $dir and an array $pids, both cleaned up
 #                             on exit, and the upstream on 127.0.0.1:$up
+#   start_rows ROW...         every ROW (nginx: nginx_proxy with one worker; or
+#                             LABEL=BINARY=CONFIG[=FLAGS]: start_gateway), and a Redis first when
+#                             a gateway row's config names __REDIS__; sets labels (in order),
+#                             ports[LABEL] and procs[LABEL] (the PID started)
 # Every process started here is appended to the caller's `pids` array, for its EXIT trap.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 need() { command -v "$1" >/dev/null || { echo "needs $1: scripts/setup.sh --bench (or apt-get install -y $2)" >&2; exit 1; }; }
@@ -157,4 +161,22 @@ start_gateway() { # LABEL BINARY CONFIG [FLAGS]
   # shellcheck disable=SC2086
   taskset -c "$PROXY_CPUS" "$2" ${4:-} -c "$dir/$1.yaml" --listen "127.0.0.1:$port" \
     --admin-listen "127.0.0.1:$(free_port)" >"$dir/$1.out" 2>"$dir/$1.log" & pids+=($!)
+}
+
+start_rows() { # ROW...
+  local row bin cfg flags gateway_rows=()
+  for row in "$@"; do [ "$row" = nginx ] || gateway_rows+=("$row"); done
+  redis_if_named "${gateway_rows[@]}"
+  labels=()
+  declare -gA ports procs
+  for row in "$@"; do
+    if [ "$row" = nginx ]; then
+      label=nginx port=$(free_port)
+      nginx_proxy "$port" 1
+    else
+      IFS== read -r label bin cfg flags <<<"$row"
+      start_gateway "$label" "$bin" "$cfg" "${flags:-}"
+    fi
+    labels+=("$label") ports[$label]=$port procs[$label]=$!
+  done
 }

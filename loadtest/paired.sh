@@ -31,22 +31,7 @@ shift $((OPTIND - 1))
 source loadtest/bench_lib.sh
 need nginx nginx; need wrk wrk; need perf linux-perf; need taskset util-linux; need python3 python3
 start_bench
-gateway_rows=()
-for row in "$@"; do [ "$row" = nginx ] || gateway_rows+=("$row"); done
-redis_if_named "${gateway_rows[@]}"
-
-labels=()
-declare -A ports procs
-for row in "$@"; do
-  if [ "$row" = nginx ]; then
-    label=nginx port=$(free_port)
-    nginx_proxy "$port" 1
-  else
-    IFS== read -r label bin cfg flags <<<"$row"
-    start_gateway "$label" "$bin" "$cfg" "${flags:-}"
-  fi
-  labels+=("$label") ports[$label]=$port procs[$label]=$!
-done
+start_rows "$@"
 [ "${labels[0]}" != "${labels[1]}" ] || { echo "the two rows need two labels" >&2; exit 2; }
 sleep 2
 for label in "${labels[@]}"; do procs[$label]=$(tree "${procs[$label]}"); done

@@ -52,23 +52,7 @@ need nginx nginx; need wrk wrk; need perf linux-perf; need taskset util-linux; n
   exit 1
 }
 start_bench
-# A Redis for the rows whose config names __REDIS__ (the nginx row has no config).
-gateway_rows=()
-for row in "$@"; do [ "$row" = nginx ] || gateway_rows+=("$row"); done
-redis_if_named "${gateway_rows[@]}"
-
-labels=()
-declare -A ports procs
-for row in "$@"; do
-  if [ "$row" = nginx ]; then
-    label=nginx port=$(free_port)
-    nginx_proxy "$port" 1
-  else
-    IFS== read -r label bin cfg flags <<<"$row"
-    start_gateway "$label" "$bin" "$cfg" "${flags:-}"
-  fi
-  labels+=("$label") ports[$label]=$port procs[$label]=$!
-done
+start_rows "$@"
 sleep 2
 # NGINX's workers are its master's children, there by now.
 for label in "${labels[@]}"; do procs[$label]=$(tree "${procs[$label]}"); done
