@@ -27,7 +27,7 @@ while getopts r:s: o; do
   case $o in r) rounds=$OPTARG ;; s) secs=$OPTARG ;; *) exit 2 ;; esac
 done
 shift $((OPTIND - 1))
-[ $# -eq 2 ] || { sed -n '2,23p' "$0" >&2; exit 2; }
+[ $# -eq 2 ] || { sed -n '2,22p' "$0" >&2; exit 2; }
 source loadtest/bench_lib.sh
 need nginx nginx; need wrk wrk; need perf linux-perf; need taskset util-linux; need python3 python3
 start_bench
