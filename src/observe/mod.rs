@@ -188,20 +188,16 @@ impl Observer {
     fn with_labels<R>(&self, cfg: &Arc<Config>, f: impl FnOnce(&Labels) -> R) -> R {
         let me = std::ptr::from_ref(self) as usize;
         let generation = LABELS_GENERATION.load(Ordering::Acquire);
-        let mut f = Some(f);
-        let remembered = LAST_LABELS.with_borrow(|last| match last {
-            Some((of, g, l)) if *of == me && *g == generation && l.of(cfg) => {
-                f.take().map(|f| f(l))
+        // `f` only counts or reads (it never comes back here), so it runs under the borrow.
+        LAST_LABELS.with_borrow_mut(|last| {
+            let kept =
+                matches!(last, Some((of, g, l)) if *of == me && *g == generation && l.of(cfg));
+            if !kept {
+                *last = Some((me, generation, self.labels_of(cfg)));
             }
-            _ => None,
-        });
-        if let Some(r) = remembered {
-            return r;
-        }
-        let labels = self.labels_of(cfg);
-        let r = f.map(|f| f(&labels));
-        LAST_LABELS.set(Some((me, generation, labels)));
-        r.expect("f is called once")
+            let (_, _, labels) = last.as_ref().expect("set above");
+            f(labels)
+        })
     }
 
     /// The labels of `cfg`: the current ones, or resolved now (and kept when `cfg` is the
