@@ -2,15 +2,18 @@
 //! JSON and counts what it served.
 //!
 //! `GET /__demo/stats` returns `{"requests", "in_flight", "max_in_flight", "connections"}`
-//! (not counted; `connections`: the distinct client connections, by address, that counted
-//! requests came on, up to [`MAX_CONNECTIONS_COUNTED`]); `POST /__demo/reset` zeroes them.
+//! (not counted; `connections`: the distinct client connections that counted requests came on,
+//! up to [`MAX_CONNECTIONS_COUNTED`]); `POST /__demo/reset` zeroes them. A connection is its
+//! client address and the time it was accepted: on loopback Linux hands a closed connection's
+//! port to a new one (`net.ipv4.tcp_tw_reuse = 2`), so the address alone would count two
+//! connections as one.
 //! Any other request is counted and echoed (method, path, the raw target as received, query,
 //! headers, body). The header
 //! `x-demo-delay-ms` holds the response that long; `x-demo-status` picks the status code.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use http::Response;
@@ -33,8 +36,8 @@ pub struct DemoUpstream {
     requests: AtomicU64,
     in_flight: AtomicU64,
     max_in_flight: AtomicU64,
-    /// The client addresses counted requests came from: one per connection.
-    connections: parking_lot::Mutex<HashSet<SocketAddr>>,
+    /// The connections counted requests came on: client address and time accepted.
+    connections: parking_lot::Mutex<HashSet<(SocketAddr, SystemTime)>>,
 }
 
 struct InFlight<'a>(&'a AtomicU64);
@@ -43,6 +46,15 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// The connection `session` came on: its client address and when it was accepted.
+fn connection_of(session: &ServerSession) -> Option<(SocketAddr, SystemTime)> {
+    let accepted = session
+        .digest()
+        .and_then(|d| d.timing_digest.first()?.as_ref())
+        .map_or(SystemTime::UNIX_EPOCH, |t| t.established_ts);
+    Some((session.client_addr()?.clone(), accepted))
 }
 
 fn header_u64(session: &ServerSession, name: &str) -> Option<u64> {
@@ -82,10 +94,10 @@ impl ServeHttp for DemoUpstream {
             _ => {}
         }
         self.requests.fetch_add(1, Ordering::SeqCst);
-        if let Some(addr) = session.client_addr() {
+        if let Some(connection) = connection_of(session) {
             let mut seen = self.connections.lock();
             if seen.len() < MAX_CONNECTIONS_COUNTED {
-                seen.insert(addr.clone());
+                seen.insert(connection);
             }
         }
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
