@@ -1,6 +1,7 @@
 //! The access log's writer: lines are appended to a shared, bounded buffer without waiting,
 //! and one writer thread takes the whole buffer every [`POLL_EVERY`] and writes it to the file
-//! (or standard output) in one call. A slow disk or a stalled pipe blocks only the writer:
+//! (or standard output) in one call. A writer that finds nothing waiting sleeps until the next
+//! line comes (a gateway whose log is off, or idle, is not woken 100 times a second). A slow disk or a stalled pipe blocks only the writer:
 //! once [`AccessLog::start`]'s `buffer` lines wait, new ones are dropped and counted, so the
 //! log never slows proxying.
 //!
@@ -29,6 +30,8 @@ pub const POLL_EVERY: Duration = Duration::from_millis(10);
 struct Pending {
     bytes: Vec<u8>,
     lines: u64,
+    /// The writer found nothing on its last pass and sleeps until a line wakes it.
+    asleep: bool,
 }
 
 /// What the requests and the writer share.
@@ -39,11 +42,14 @@ struct Shared {
     written: AtomicU64,
     dropped: AtomicU64,
     closed: AtomicBool,
+    /// The writer's passes over the buffer.
+    passes: AtomicU64,
 }
 
 /// The access log of a gateway.
 pub struct AccessLog {
     shared: Arc<Shared>,
+    writer: std::thread::Thread,
 }
 
 thread_local! {
@@ -71,12 +77,15 @@ impl AccessLog {
             written: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            passes: AtomicU64::new(0),
         });
         let s = shared.clone();
-        std::thread::Builder::new()
+        let writer = std::thread::Builder::new()
             .name("tollgate access log".into())
-            .spawn(move || write_lines(&s, file))?;
-        Ok(AccessLog { shared })
+            .spawn(move || write_lines(&s, file))?
+            .thread()
+            .clone();
+        Ok(AccessLog { shared, writer })
     }
 
     /// Log one line: `format` writes it (with its newline) into a reused buffer, which is then
@@ -93,6 +102,11 @@ impl AccessLog {
             }
             p.bytes.extend_from_slice(line);
             p.lines += 1;
+            let wake = std::mem::take(&mut p.asleep);
+            drop(p);
+            if wake {
+                self.writer.unpark();
+            }
         });
     }
 
@@ -125,19 +139,26 @@ impl AccessLog {
 impl Drop for AccessLog {
     fn drop(&mut self) {
         self.shared.closed.store(true, Ordering::Relaxed);
+        self.writer.unpark();
     }
 }
 
-/// The writer thread: every [`POLL_EVERY`], swap the waiting lines out and write them.
+/// The writer thread: every [`POLL_EVERY`], swap the waiting lines out and write them; when
+/// there were none, sleep until [`AccessLog::log`] (or the log's drop) wakes it.
 fn write_lines(shared: &Shared, mut file: File) {
     let mut spare = Vec::new();
     let mut warned = false;
     loop {
         std::thread::sleep(POLL_EVERY);
+        shared.passes.fetch_add(1, Ordering::Relaxed);
         let lines = {
             let mut p = shared.pending.lock();
             std::mem::swap(&mut p.bytes, &mut spare);
-            std::mem::take(&mut p.lines)
+            let lines = std::mem::take(&mut p.lines);
+            // Under the lock: a line queued after this wakes the writer (an unpark before the
+            // park below makes the park return at once).
+            p.asleep = lines == 0;
+            lines
         };
         if lines > 0 {
             match file.write_all(&spare) {
@@ -153,6 +174,9 @@ fn write_lines(shared: &Shared, mut file: File) {
         }
         if shared.closed.load(Ordering::Relaxed) {
             return;
+        }
+        if lines == 0 {
+            std::thread::park();
         }
     }
 }
@@ -177,5 +201,28 @@ mod tests {
         assert_eq!(text.lines().count(), 10);
         assert!(text.starts_with("line 0\nline 1\n"));
         assert_eq!(log.dropped(), 0);
+    }
+
+    /// With nothing to write the writer sleeps (at most the pass in progress while it is
+    /// watched), and the next line wakes it and still reaches the file.
+    #[test]
+    fn an_idle_writer_sleeps_until_a_line_comes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.log");
+        let log = AccessLog::start(Some(&path), 1_000).unwrap();
+        std::thread::sleep(POLL_EVERY * 5);
+        let passes = log.shared.passes.load(Ordering::Relaxed);
+        std::thread::sleep(POLL_EVERY * 20);
+        let idle_passes = log.shared.passes.load(Ordering::Relaxed) - passes;
+        assert!(
+            idle_passes <= 1,
+            "{idle_passes} passes over 20 idle intervals"
+        );
+        log.log(|b| writeln!(b, "after a sleep").unwrap());
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while log.written() < 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(POLL_EVERY);
+        }
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "after a sleep\n");
     }
 }
