@@ -32,9 +32,6 @@ use crate::store::{Invalidation, Store};
 
 /// How often the memory store drops expired keys.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
-/// How often the maintenance task looks for a reloaded config (to drop cached denials of the
-/// limits it changed; lookups check each denial's quota anyway).
-const RELOAD_POLL: Duration = Duration::from_millis(100);
 /// How often ended quota leases are given back.
 const LEASE_SWEEP: Duration = Duration::from_millis(50);
 
@@ -131,8 +128,12 @@ impl BackgroundService for Maintenance {
         let follow = tokio::spawn(store.clone().follow_invalidations(shutdown.clone()));
         let mut shutdown = shutdown;
         let mut tick = tokio::time::interval(SWEEP_INTERVAL);
-        let mut reloads = tokio::time::interval(RELOAD_POLL);
+        // Woken by each reload (to drop cached denials of the limits it changed; lookups
+        // check each denial's quota anyway), and by a lease sweep only where there are leases:
+        // an idle gateway's maintenance thread is not woken 30 times a second.
+        let mut reloads = self.config.reloads();
         let mut leases = tokio::time::interval(LEASE_SWEEP);
+        let leasing = store.redis_store().is_some() && store.leases().enabled();
         let mut config = self.config.snapshot();
         loop {
             tokio::select! {
@@ -141,8 +142,8 @@ impl BackgroundService for Maintenance {
                     let removed = store.sweep(SystemClock.now_ms());
                     tracing::debug!(removed, "swept expired counters");
                 }
-                _ = leases.tick() => store.sweep_leases().await,
-                _ = reloads.tick() => {
+                _ = leases.tick(), if leasing => store.sweep_leases().await,
+                Ok(()) = reloads.changed() => {
                     // A reload that changed limits drops their cached denials, everywhere.
                     let next = self.config.snapshot();
                     if !Arc::ptr_eq(&next, &config) {

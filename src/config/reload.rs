@@ -40,6 +40,8 @@ pub struct ConfigHandle {
     pub last_reload_ok: AtomicBool,
     /// Set by the SIGHUP handler, cleared by the watcher.
     hup: Arc<AtomicBool>,
+    /// Told the generation after each successful reload.
+    reloaded: tokio::sync::watch::Sender<u64>,
 }
 
 impl ConfigHandle {
@@ -57,7 +59,13 @@ impl ConfigHandle {
             rejected: AtomicU64::new(0),
             last_reload_ok: AtomicBool::new(true),
             hup: Arc::new(AtomicBool::new(false)),
+            reloaded: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// A receiver that sees each successful reload from now on (`changed()`).
+    pub fn reloads(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reloaded.subscribe()
     }
 
     /// Catch SIGHUP from now on (its default action would end the process). Call this as
@@ -105,8 +113,9 @@ impl ConfigHandle {
         next.startup = old.startup.clone();
         let next = Arc::new(next);
         self.current.store(next.clone());
-        self.generation.fetch_add(1, Ordering::Relaxed);
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         self.last_reload_ok.store(true, Ordering::Relaxed);
+        self.reloaded.send_replace(generation);
         Ok(next)
     }
 
@@ -135,25 +144,37 @@ impl ConfigHandle {
         }
     }
 
-    /// Runs until `shutdown` resolves: reloads on SIGHUP and on file change.
+    /// Runs until `shutdown` resolves: reloads on SIGHUP (at once) and on file change (looked
+    /// for every [`POLL_INTERVAL`]). The flag [`Self::catch_sighup`] set keeps a SIGHUP that
+    /// came before this ran; should the signal stream be unavailable, the flag is looked at
+    /// every [`SIGNAL_INTERVAL`].
     pub async fn watch(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(SIGNAL_INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let polls_per_check = (POLL_INTERVAL.as_millis() / SIGNAL_INTERVAL.as_millis()).max(1);
-        let mut n: u128 = 0;
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hups = signal(SignalKind::hangup()).ok();
+        let mut flag = tokio::time::interval(SIGNAL_INTERVAL);
+        let mut files = tokio::time::interval(POLL_INTERVAL);
+        files.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
+            let file_due = tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = tick.tick() => {
-                    n += 1;
-                    if self.hup.swap(false, Ordering::Relaxed) {
-                        self.reload_logged("SIGHUP").await;
-                    } else if n.is_multiple_of(polls_per_check) {
-                        self.reload_if_changed().await;
-                    }
-                }
+                Some(()) = next_hup(&mut hups) => false,
+                _ = flag.tick(), if hups.is_none() => false,
+                _ = files.tick() => true,
+            };
+            if self.hup.swap(false, Ordering::Relaxed) {
+                self.reload_logged("SIGHUP").await;
+            } else if file_due {
+                self.reload_if_changed().await;
             }
         }
+    }
+}
+
+/// The next SIGHUP on `hups`; never, without the stream.
+async fn next_hup(hups: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match hups {
+        Some(h) => h.recv().await,
+        None => std::future::pending().await,
     }
 }
 
