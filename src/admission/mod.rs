@@ -194,10 +194,23 @@ pub fn admit_local(
     now: u64,
     report: &mut Report,
 ) -> Option<Result<Admitted, Refused>> {
-    store.redis_store().is_none().then(|| {
-        let taken = concurrency::take_local(store, req, report)?;
-        both(taken, rate::check_local(store, req, now, report))
-    })
+    store
+        .redis_store()
+        .is_none()
+        .then(|| admit_memory(store, req, now, report))
+}
+
+/// [`admit_local`]'s decision, for a caller that has seen the store is the memory store (on
+/// Redis this would decide on the local fallback's counters, as if Redis were down).
+pub fn admit_memory(
+    store: &Arc<Store>,
+    req: &Request<'_>,
+    now: u64,
+    report: &mut Report,
+) -> Result<Admitted, Refused> {
+    debug_assert!(store.redis_store().is_none(), "the memory store");
+    let taken = concurrency::take_local(store, req, report)?;
+    both(taken, rate::check_local(store, req, now, report))
 }
 
 /// The outcome of the rate limits, with the concurrency slots `taken` before them.

@@ -5,12 +5,14 @@
 
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
 use pingora_error::Result;
 use pingora_http::StaticHeaderName;
 use pingora_proxy::Session;
 
+use super::finished::{pinned_in_place, Immediate};
 use super::{refused, respond, Gateway, RequestCtx};
-use crate::admission::Refused;
+use crate::admission::{Admitted, Refused};
 use crate::config::Config;
 use crate::conn::ConnState;
 use crate::head;
@@ -18,8 +20,37 @@ use crate::observe::{self, digest_peer_ip, Observer};
 use crate::refusal::Refusal;
 
 impl Gateway {
-    /// `request_filter`: `Ok(true)` when the gateway answered itself.
-    pub(super) async fn filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+    /// `request_filter`'s future: `Ok(true)` when the gateway answered itself. On the memory
+    /// store every step is done here, but for writing an answer the gateway makes itself, so an
+    /// admitted request's future has no size (and its box allocates nothing); on Redis, whose
+    /// calls are awaited, the steps' future is made in its box.
+    pub(super) fn filter_future<'f>(
+        &'f self,
+        session: &'f mut Session,
+        ctx: &'f mut RequestCtx,
+    ) -> BoxFuture<'f, Result<bool>> {
+        if self.store.redis_store().is_some() {
+            return pinned_in_place(|| self.filter(session, ctx));
+        }
+        let cfg = ctx.config.take().unwrap_or_else(|| self.config.snapshot());
+        let decided = match self.head(&cfg, session, ctx) {
+            Ok(()) => self.decide_now(&cfg, session, ctx),
+            Err(refused) => Err(refused),
+        };
+        let settled = self.settle(&cfg, session, ctx, decided);
+        ctx.config = Some(cfg);
+        match settled {
+            Ok(None) => Box::pin(Immediate(|| Ok(false))),
+            Ok(Some(refused)) => pinned_in_place(move || async move {
+                let cfg = ctx.config.clone().unwrap_or_else(|| self.config.snapshot());
+                respond(session, &cfg, refused).await
+            }),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+
+    /// The steps on any store, waiting for it.
+    async fn filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         // The request's snapshot, moved out of the context while the steps borrow the context
         // and put back after (a clone would cost two atomic operations). Should the steps not
         // finish, the later phases fall back to the current snapshot.
@@ -35,17 +66,41 @@ impl Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<bool> {
+        let decided = match self.head(cfg, session, ctx) {
+            Ok(()) => self.decide(cfg, session, ctx).await,
+            Err(refused) => Err(refused),
+        };
+        match self.settle(cfg, session, ctx, decided)? {
+            None => Ok(false),
+            Some(refused) => respond(session, cfg, refused).await,
+        }
+    }
+
+    /// Step 0: the peer, and the head's checks.
+    fn head(
+        &self,
+        cfg: &Config,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> std::result::Result<(), Refused> {
         // The peer as the connection's entry noted it at accept: the same socket address as the
         // session's digest, which Pingora then need not make for this request.
         ctx.peer = ctx.conn_peer.or_else(|| digest_peer_ip(session));
         // 0. The head: Host, sizes, the path's normal form. 1-4: identity, route, shedding,
         // limits.
-        let decided = match check_head(cfg, session) {
-            Ok(()) => self.decide(cfg, session, ctx).await,
-            Err(refused) => Err(refused),
-        };
+        check_head(cfg, session)
+    }
+
+    /// Step 5: the outcome counted, then an admitted request's forwarding headers and what its
+    /// later phases need (`None`), or the refusal to answer.
+    fn settle(
+        &self,
+        cfg: &Config,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        decided: std::result::Result<Admitted, Refused>,
+    ) -> Result<Option<Refused>> {
         self.observer.verdict(cfg, session, &mut ctx.obs, &decided);
-        // 5. Answer, or proceed upstream with the headers of the decisive limit.
         match decided {
             Ok(admitted) => {
                 forwarding_headers(&self.observer, session, ctx)?;
@@ -53,9 +108,9 @@ impl Gateway {
                 ctx.degraded = admitted.degraded;
                 ctx.decided_at = admitted.decided_at;
                 ctx.slots = admitted.slots;
-                Ok(false)
+                Ok(None)
             }
-            Err(refused) => respond(session, cfg, refused).await,
+            Err(refused) => Ok(Some(refused)),
         }
     }
 }

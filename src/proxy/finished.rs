@@ -1,10 +1,11 @@
 //! The futures of tollgate's filters that finish their work when called (all but
-//! `request_filter` and `upstream_peer`): ready at once, and of no size when they succeed, so
-//! the box `ProxyHttp`'s methods put them in (it is an `async_trait`) allocates nothing. An
-//! `async fn`'s future holds its arguments, an allocation per call. `request_filter`'s future,
-//! which may wait, is made in its box ([`pinned_in_place`]).
+//! `upstream_peer`, and `request_filter` where it waits): ready at once, and of no size when
+//! they succeed, so the box `ProxyHttp`'s methods put them in (it is an `async_trait`)
+//! allocates nothing. An `async fn`'s future holds its arguments, an allocation per call.
+//! `request_filter`'s future, where it waits (for Redis, or to write the gateway's own answer),
+//! is made in its box ([`pinned_in_place`]).
 //!
-//! Phase: every request, four times.
+//! Phase: every request, five times.
 
 use std::future::Future;
 use std::pin::Pin;

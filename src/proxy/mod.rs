@@ -8,7 +8,7 @@
 //! Phase: every request. One config snapshot is taken at the start and used to the end, so a
 //! reload never changes a request half-way.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -17,28 +17,27 @@ use futures_util::future::BoxFuture;
 use pingora_core::modules::http::HttpModules;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
-use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_http::ResponseHeader;
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
-use crate::admission::{self, Admitted, Refused, Report, Request};
+use crate::admission::Refused;
 use crate::config::reload::ConfigHandle;
 use crate::config::{Config, LimitId, OnError, RouteId, UpstreamTimeouts};
 use crate::conn::ConnState;
 use crate::headers;
-use crate::identity::{apply_quotas, identify, Caller};
 use crate::lifecycle::Lifecycle;
 use crate::limit::{Clock, Decision};
 use crate::observe::{self, Observer};
 use crate::quota::table::Resolved;
-use crate::quota::{self, Quotas};
+use crate::quota::Quotas;
 use crate::refusal::Refusal;
-use crate::route::match_route;
-use crate::shed::{self, InFlight, Shedder};
+use crate::shed::{InFlight, Shedder};
 use crate::store::{HeldSlots, Store};
 
+mod decide;
 mod filter;
 mod finished;
-use finished::{finished, pinned_in_place, Immediate};
+use finished::{finished, Immediate};
 
 pub struct Gateway {
     pub config: Arc<ConfigHandle>,
@@ -101,88 +100,6 @@ fn refused(refusal: Refusal) -> Refused {
 }
 
 impl Gateway {
-    /// Steps 1 to 4 of `request_filter`: `Ok` with what the limits admitted, or the refusal.
-    async fn decide(
-        &self,
-        cfg: &Arc<Config>,
-        session: &Session,
-        ctx: &mut RequestCtx,
-    ) -> std::result::Result<Admitted, Refused> {
-        let peer = ctx.peer.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-        let req = session.req_header();
-
-        // 1. Who is calling.
-        let mut caller = identify(cfg, &req.headers, peer).map_err(|e| refused(e.into()))?;
-        let quotas = self.quotas.as_deref();
-        apply_quotas(cfg, quotas, &mut caller, quota::now_s).map_err(|e| refused(e.into()))?;
-        ctx.overrides = caller.overrides.clone();
-        ctx.obs.identified(&caller);
-
-        // 2. Which route, on the normal form of the path (step 0 put it in the head).
-        let host = || {
-            req.headers
-                .get(http::header::HOST)
-                .and_then(|h| h.to_str().ok())
-        };
-        let Some(route_id) = match_route(cfg, &req.method, host, req.uri.path()) else {
-            return Err(refused(Refusal::NoRoute {
-                method: req.method.clone(),
-                path: req.uri.path().to_string(),
-            }));
-        };
-        ctx.route = Some(route_id);
-        let route = &cfg.routes[route_id];
-        ctx.max_body = route.max_body_bytes.or(cfg.http.max_body_bytes);
-        // The declared length is looked up only when there is a bound to hold it to.
-        if let Some(max) = ctx.max_body {
-            if content_length(req).is_some_and(|len| len > max) {
-                return Err(refused(Refusal::BodyTooLarge));
-            }
-        }
-
-        // 3. Load shedding by priority, before any store call (a shed costs no round trip).
-        let class = shed::classify(
-            cfg.shedding.as_ref(),
-            route.priority,
-            &req.method,
-            &req.headers,
-            caller.api_key,
-        );
-        ctx.obs.class = Some(class);
-        let in_flight = self
-            .shedder
-            .admit(class, cfg.shedding.as_ref())
-            .map_err(|shed| refused(Refusal::Shed(shed.class)))?;
-        ctx.in_flight = Some(in_flight);
-
-        // 4. Every limit that applies: a slot of each concurrency limit, then every rate
-        // limit in one store call; the most restrictive decides.
-        let mut request = Request {
-            cfg,
-            caller: &caller,
-            route,
-            method: &req.method,
-            headers: &req.headers,
-            keys: None,
-        };
-        if !request.has_limits() {
-            return Ok(Admitted::default());
-        }
-        // The connection's remembered keys, looked up only for a request that needs keys.
-        request.keys = ConnState::of(session).map(|c| c.keys());
-        let mut report = Report::default();
-        // One clock read for both: the limits' time and the start of the check's timing.
-        let started = std::time::SystemTime::now();
-        let now = self.clock.ms_at(started);
-        let outcome = match admission::admit_local(&self.store, &request, now, &mut report) {
-            Some(outcome) => outcome,
-            None => admission::admit(&self.store, &request, now, &mut report).await,
-        };
-        self.observer.decided(cfg, &report, started);
-        log_report(cfg, &caller, &report);
-        outcome
-    }
-
     /// `early_request_filter`'s work; see there.
     fn on_head(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<()> {
         // The one config snapshot this request runs on.
@@ -280,17 +197,6 @@ impl Gateway {
     }
 }
 
-/// The declared body length (Pingora has already refused conflicting or repeated ones).
-fn content_length(req: &RequestHeader) -> Option<u64> {
-    req.headers
-        .get(http::header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
 /// The Pingora peer for one upstream server, with the upstream's timeouts: what tollgate
 /// hands Pingora for every proxied request (`examples/bare_pingora` builds its peers here
 /// too, so the framework's floor is measured with the same settings). The response's header
@@ -305,17 +211,6 @@ pub fn peer(addr: SocketAddr, t: &UpstreamTimeouts, preserve_header_case: bool) 
     peer.options.write_timeout = Some(t.write);
     peer.options.idle_timeout = Some(t.idle);
     peer
-}
-
-/// Shadow limits that would have refused, and store failures the policies answered.
-fn log_report(cfg: &Config, caller: &Caller<'_>, report: &Report) {
-    for id in report.shadow_denied() {
-        tracing::info!(limit = %cfg.limit(id).name, client_ip = %caller.client_ip, "shadow limit would deny");
-    }
-    if let Some(e) = &report.store_error {
-        // Breaker transitions are logged at warn by the store; this is per request.
-        tracing::debug!(error = %e, kind = e.kind().as_str(), "store failed; failure policies applied");
-    }
 }
 
 #[async_trait]
@@ -336,9 +231,11 @@ impl ProxyHttp for Gateway {
     // This filter, `request_body_filter`, `response_filter` and `logging` are written out as
     // `async_trait` would write them, because their work is done when they are called: they
     // return `finished`'s future, which has no size, so no allocation per request (an
-    // `async fn`'s future holds its arguments and is boxed). `request_filter` may wait for the
-    // store: its future is made in its box (`pinned_in_place`), not on the stack and copied
-    // into the box, as `async_trait` would. `upstream_peer` returns a value and stays `async`.
+    // `async fn`'s future holds its arguments and is boxed). So is `request_filter`, on the
+    // memory store, for an admitted request; where it waits (for Redis, or to write an answer
+    // of the gateway's own) its future is made in its box (`pinned_in_place`), not on the
+    // stack and copied into the box, as `async_trait` would. `upstream_peer` returns a value
+    // and stays `async`.
 
     /// The head has been read: the connection is busy (no head deadline while the request
     /// runs), keep-alive follows `server.keepalive_timeout` whatever the client asked, and
@@ -368,7 +265,7 @@ impl ProxyHttp for Gateway {
         'c: 'async_trait,
         Self: 'async_trait,
     {
-        pinned_in_place(|| self.filter(session, ctx))
+        self.filter_future(session, ctx)
     }
 
     async fn upstream_peer(
@@ -376,6 +273,7 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut Box<RequestCtx>,
     ) -> Result<Box<HttpPeer>> {
+        let ctx: &mut RequestCtx = ctx;
         let (Some(cfg), Some(route)) = (&ctx.config, ctx.route) else {
             return Error::e_explain(ErrorType::InternalError, "no route selected");
         };
