@@ -40,8 +40,8 @@ impl Gateway {
         session: &Session,
         ctx: &mut RequestCtx,
     ) -> Result<Admitted, Refused> {
-        let caller = self.identify_route_shed(cfg, session, ctx)?;
-        let Some(mut c) = self.check(cfg, session, ctx, &caller) else {
+        let mut caller = None;
+        let Some(mut c) = self.start(cfg, session, ctx, &mut caller)? else {
             return Ok(Admitted::default());
         };
         let store = &self.store;
@@ -60,12 +60,28 @@ impl Gateway {
         session: &Session,
         ctx: &mut RequestCtx,
     ) -> Result<Admitted, Refused> {
-        let caller = self.identify_route_shed(cfg, session, ctx)?;
-        let Some(mut c) = self.check(cfg, session, ctx, &caller) else {
-            return Ok(Admitted::default());
-        };
-        let outcome = admission::admit_memory(&self.store, &c.request, c.now, &mut c.report);
-        self.checked(cfg, c, outcome)
+        let mut caller = None;
+        match self.start(cfg, session, ctx, &mut caller)? {
+            None => Ok(Admitted::default()),
+            Some(mut c) => {
+                let outcome =
+                    admission::admit_memory(&self.store, &c.request, c.now, &mut c.report);
+                self.checked(cfg, c, outcome)
+            }
+        }
+    }
+
+    /// Steps 1 to 3, then step 4's start ([`Self::check`]); the caller is kept in `caller`,
+    /// where the check can borrow it.
+    fn start<'a>(
+        &self,
+        cfg: &'a Arc<Config>,
+        session: &'a Session,
+        ctx: &mut RequestCtx,
+        caller: &'a mut Option<Caller<'a>>,
+    ) -> Result<Option<Check<'a>>, Refused> {
+        let caller = caller.insert(self.identify_route_shed(cfg, session, ctx)?);
+        Ok(self.check(cfg, session, ctx, caller))
     }
 
     /// Steps 1 to 3; the caller, for the limits.
