@@ -40,8 +40,8 @@ pub struct ConfigHandle {
     pub last_reload_ok: AtomicBool,
     /// Set by the SIGHUP handler, cleared by the watcher.
     hup: Arc<AtomicBool>,
-    /// Told the generation after each successful reload.
-    reloaded: tokio::sync::watch::Sender<u64>,
+    /// Signalled after each successful reload (the count is `generation`).
+    reloaded: tokio::sync::watch::Sender<()>,
 }
 
 impl ConfigHandle {
@@ -59,12 +59,12 @@ impl ConfigHandle {
             rejected: AtomicU64::new(0),
             last_reload_ok: AtomicBool::new(true),
             hup: Arc::new(AtomicBool::new(false)),
-            reloaded: tokio::sync::watch::Sender::new(0),
+            reloaded: tokio::sync::watch::Sender::new(()),
         }
     }
 
     /// A receiver that sees each successful reload from now on (`changed()`).
-    pub fn reloads(&self) -> tokio::sync::watch::Receiver<u64> {
+    pub fn reloads(&self) -> tokio::sync::watch::Receiver<()> {
         self.reloaded.subscribe()
     }
 
@@ -113,9 +113,9 @@ impl ConfigHandle {
         next.startup = old.startup.clone();
         let next = Arc::new(next);
         self.current.store(next.clone());
-        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        self.generation.fetch_add(1, Ordering::Relaxed);
         self.last_reload_ok.store(true, Ordering::Relaxed);
-        self.reloaded.send_replace(generation);
+        self.reloaded.send_replace(());
         Ok(next)
     }
 
