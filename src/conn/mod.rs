@@ -82,8 +82,6 @@ pub struct Connections {
     header_timeout: Duration,
     origin: Instant,
     open: AtomicUsize,
-    /// Requests in flight: a head arriving, or a request in progress.
-    active: AtomicUsize,
     next_id: AtomicU64,
     live: Mutex<HashMap<u64, Weak<ConnState>>>,
     pub stats: ConnStats,
@@ -113,7 +111,6 @@ impl Connections {
             header_timeout,
             origin: Instant::now(),
             open: AtomicUsize::new(0),
-            active: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
             live: Mutex::new(HashMap::new()),
             stats: ConnStats::default(),
@@ -134,9 +131,11 @@ impl Connections {
         self.open.load(Ordering::Relaxed)
     }
 
-    /// Requests in flight now, heads still arriving included.
+    /// Requests in flight now, heads still arriving included. Scans every connection (for
+    /// `/stats` and the shutdown, not per request): a shared count kept up to date would cost
+    /// every request two atomic read-modify-writes on one cache line.
     pub fn in_flight(&self) -> usize {
-        self.active.load(Ordering::Relaxed)
+        self.in_phase(in_flight)
     }
 
     pub fn cap(&self) -> usize {
@@ -172,7 +171,7 @@ impl Connections {
     }
 
     fn close(&self, state: &ConnState) {
-        state.set_phase(KILLED);
+        state.phase.store(KILLED, Ordering::Release);
         self.live.lock().remove(&state.id);
         self.open.fetch_sub(1, Ordering::AcqRel);
     }
@@ -199,11 +198,16 @@ impl Connections {
     /// Connections accepted that have not sent a byte yet (the shutdown waits a little for
     /// their requests). Scans every connection: for the shutdown, not per request.
     pub fn fresh(&self) -> usize {
+        self.in_phase(|phase| phase == FRESH)
+    }
+
+    /// The connections whose phase is one `which` takes.
+    fn in_phase(&self, which: impl Fn(u8) -> bool) -> usize {
         self.live
             .lock()
             .values()
             .filter_map(Weak::upgrade)
-            .filter(|c| c.phase.load(Ordering::Acquire) == FRESH)
+            .filter(|c| which(c.phase.load(Ordering::Acquire)))
             .count()
     }
 
@@ -246,25 +250,11 @@ impl ConnState {
         &self.keys
     }
 
-    fn set_phase(&self, to: u8) -> u8 {
-        let from = self.phase.swap(to, Ordering::AcqRel);
-        self.count(from, to);
-        from
-    }
-
-    fn count(&self, from: u8, to: u8) {
-        match (in_flight(from), in_flight(to)) {
-            (false, true) => self.table.active.fetch_add(1, Ordering::AcqRel),
-            (true, false) => self.table.active.fetch_sub(1, Ordering::AcqRel),
-            _ => 0,
-        };
-    }
-
     /// The request's head is read: no deadline while it is in progress.
     pub fn busy(&self) {
         self.deadline_ms.store(0, Ordering::Release);
         if self.phase.load(Ordering::Acquire) != KILLED {
-            self.set_phase(BUSY);
+            self.phase.store(BUSY, Ordering::Release);
         }
     }
 
@@ -275,7 +265,7 @@ impl ConnState {
         self.deadline_ms
             .store(now + keepalive.as_millis() as u64, Ordering::Release);
         if self.phase.load(Ordering::Acquire) != KILLED {
-            self.set_phase(IDLE);
+            self.phase.store(IDLE, Ordering::Release);
         }
     }
 
@@ -303,13 +293,11 @@ impl ConnState {
         if from == IDLE {
             self.deadline_ms.store(DEADLINE_UNSET, Ordering::Release);
         }
-        let moved = (from == IDLE || from == FRESH)
-            && self
+        if from == IDLE || from == FRESH {
+            // Not a store: an idle connection may be killed meanwhile.
+            let _ = self
                 .phase
-                .compare_exchange(from, HEAD, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok();
-        if moved {
-            self.count(from, HEAD);
+                .compare_exchange(from, HEAD, Ordering::AcqRel, Ordering::Acquire);
         }
     }
 }
@@ -362,5 +350,30 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Guard<A> {
 
     async fn cleanup(&self) {
         self.inner.cleanup().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Requests in flight are the connections with a head arriving or a request running,
+    /// counted when asked.
+    #[test]
+    fn requests_in_flight_are_the_connections_with_a_head_arriving_or_a_request_running() {
+        let table = Connections::new(10, Duration::from_secs(5));
+        let (a, b) = (table.admit(None).unwrap(), table.admit(None).unwrap());
+        assert_eq!((table.in_flight(), table.fresh()), (0, 2));
+        a.head_started();
+        assert_eq!((table.in_flight(), table.fresh()), (1, 1));
+        a.busy();
+        b.head_started();
+        assert_eq!(table.in_flight(), 2);
+        a.idle(Duration::from_secs(5), std::time::Instant::now());
+        assert_eq!(table.in_flight(), 1);
+        a.head_started();
+        assert_eq!(table.in_flight(), 2);
+        table.close(&b);
+        assert_eq!((table.in_flight(), table.fresh(), table.open()), (1, 0, 1));
     }
 }
