@@ -7,12 +7,13 @@
 //! Phase: a background task, never on the request path. Requests only call
 //! [`ConfigHandle::snapshot`].
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, Cache};
 
 use super::{from_file_text, Config, ConfigErrors, Overrides};
 
@@ -25,9 +26,19 @@ pub const SETTLE: Duration = Duration::from_millis(200);
 /// Reads of a file that keeps changing before a reload gives up (until the next poll).
 pub const SETTLE_ATTEMPTS: usize = 25;
 
+/// A thread's copy of the current config's `Arc` ([`ConfigHandle::snapshot`]).
+type Snapshots = Cache<Arc<ArcSwap<Config>>, Arc<Config>>;
+
+thread_local! {
+    /// This thread's copy of the current config of the handle it last asked (one per process,
+    /// but for tests), revalidated by one plain load: a snapshot then costs one reference-count
+    /// increment, where `ArcSwap::load_full` costs three atomic read-modify-writes.
+    static SNAPSHOTS: RefCell<Option<Snapshots>> = const { RefCell::new(None) };
+}
+
 /// The live configuration and where it came from.
 pub struct ConfigHandle {
-    current: ArcSwap<Config>,
+    current: Arc<ArcSwap<Config>>,
     path: Option<PathBuf>,
     overrides: Overrides,
     /// Hash of the file contents last attempted (good or bad), so a bad file is reported once.
@@ -51,7 +62,7 @@ impl ConfigHandle {
             .and_then(|p| std::fs::read(p).ok())
             .map_or(0, |b| content_hash(&b));
         ConfigHandle {
-            current: ArcSwap::from_pointee(config),
+            current: Arc::new(ArcSwap::from_pointee(config)),
             path,
             overrides,
             last_seen: AtomicU64::new(last_seen),
@@ -74,9 +85,17 @@ impl ConfigHandle {
         signal_hook::flag::register(signal_hook::consts::SIGHUP, self.hup.clone()).map(drop)
     }
 
-    /// The config a request runs on, from start to end.
+    /// The config a request runs on, from start to end. Each thread keeps a copy of the
+    /// current one's `Arc` and sees a reload at its next snapshot (until then the copy keeps
+    /// the config it replaced alive).
     pub fn snapshot(&self) -> Arc<Config> {
-        self.current.load_full()
+        SNAPSHOTS.with_borrow_mut(|cache| {
+            let cache = match cache {
+                Some(c) if std::ptr::eq(c.arc_swap(), &*self.current) => c,
+                _ => cache.insert(Cache::new(self.current.clone())),
+            };
+            cache.load().clone()
+        })
     }
 
     /// Read the file again, once it has settled, validate it and swap it in. On error the
@@ -199,4 +218,56 @@ async fn settled_read(path: &Path) -> std::io::Result<Vec<u8>> {
 fn content_hash(bytes: &[u8]) -> u64 {
     let h = blake3::hash(bytes);
     u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load;
+
+    fn yaml(route: &str) -> String {
+        format!(
+            "upstreams: {{ b: [\"127.0.0.1:9\"] }}\n\
+             routes: [ {{ name: {route}, match: {{ path_prefix: / }}, upstream: b }} ]\n"
+        )
+    }
+
+    fn handle(dir: &Path, route: &str) -> ConfigHandle {
+        let path = dir.join(format!("{route}.yaml"));
+        std::fs::write(&path, yaml(route)).unwrap();
+        let cfg = load(&path, &Overrides::default()).unwrap();
+        ConfigHandle::new(cfg, Some(path), Overrides::default())
+    }
+
+    /// A thread's kept copy of the config is the current one: after a reload its next
+    /// snapshot is the new config, on this thread and on another, and two handles asked in
+    /// turn on one thread each give their own.
+    #[tokio::test]
+    async fn a_snapshot_is_the_current_config_of_its_own_handle() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (handle(dir.path(), "a"), handle(dir.path(), "b"));
+        let route = |h: &ConfigHandle| h.snapshot().routes[0].name.to_string();
+        assert_eq!(
+            (route(&a), route(&b), route(&a)),
+            ("a".into(), "b".into(), "a".into())
+        );
+        let first = a.snapshot();
+        assert!(
+            Arc::ptr_eq(&first, &a.snapshot()),
+            "the same config, not a copy"
+        );
+
+        std::fs::write(a.path.as_ref().unwrap(), yaml("a2")).unwrap();
+        a.reload().await.unwrap();
+        assert_eq!(route(&a), "a2");
+        assert_eq!(
+            std::thread::scope(|s| s.spawn(|| route(&a)).join().unwrap()),
+            "a2"
+        );
+        assert_eq!(
+            &*first.routes[0].name, "a",
+            "a request keeps the config it started with"
+        );
+        assert_eq!(route(&b), "b");
+    }
 }
