@@ -3,8 +3,10 @@
 //! increments counters it already holds.
 //!
 //! Two kinds of source feed them:
-//! - the request path increments handles directly (decisions, check and request durations,
-//!   responses, failure policies, quota use): one atomic add each, no allocation;
+//! - the request path increments handles directly (decisions, check durations, failure
+//!   policies, quota use): one atomic add each, no allocation; responses and their durations,
+//!   counted on every request, go to a shard of the thread's own instead (`requests`), with no
+//!   atomic read-modify-write;
 //! - counters that other modules keep anyway as atomics (shedding, store errors, breaker,
 //!   reloads, the access log) are copied in when `/metrics` is scraped ([`Metrics::sync`]),
 //!   so nothing is counted twice on the request path.
@@ -19,6 +21,7 @@ use prometheus::{
     Registry,
 };
 
+use super::requests::{RequestSeries, Routes};
 use crate::admission::{Outcome, Source};
 use crate::config::reload::ConfigHandle;
 use crate::config::{Config, LimitId, Priority};
@@ -49,9 +52,6 @@ const SOURCES: [Source; 5] = [
 const CHECK_BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 ];
-const REQUEST_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
 const QUOTA_BUCKETS: &[f64] = &[0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0];
 
 fn source_index(s: Source) -> usize {
@@ -81,8 +81,8 @@ pub struct Metrics {
     pub registry: Registry,
     decisions: IntCounterVec,
     pub(super) check_duration: Histogram,
-    request_duration: HistogramVec,
-    requests: IntCounterVec,
+    /// `tollgate_requests_total` and `tollgate_request_duration_seconds`, counted per thread.
+    requests: RequestSeries,
     in_flight: IntGauge,
     shed: IntCounterVec,
     admitted: IntCounterVec,
@@ -165,8 +165,11 @@ impl Metrics {
         Metrics {
             decisions: counter_vec(&r, "tollgate_decisions_total", "Limit decisions, one per limit checked for a request.", &["limit", "outcome", "source"]),
             check_duration,
-            request_duration: histogram_vec(&r, "tollgate_request_duration_seconds", "Whole requests, from the request head to the end of the response.", &["route"], REQUEST_BUCKETS),
-            requests: counter_vec(&r, "tollgate_requests_total", "Responses, by route and status class.", &["route", "code_class"]),
+            requests: {
+                let series = RequestSeries::new();
+                r.register(Box::new(series.clone())).expect("registered once");
+                series
+            },
             in_flight: gauge(&r, "tollgate_requests_in_flight", "Requests in progress in this gateway (past routing)."),
             shed: counter_vec(&r, "tollgate_shed_total", "Requests refused by load shedding (503), by priority class.", &["class"]),
             admitted: counter_vec(&r, "tollgate_admitted_total", "Requests load shedding let through, by priority class.", &["class"]),
@@ -320,9 +323,8 @@ pub struct Labels {
     failure_policy: Vec<IntCounter>,
     /// By limit: the quota histogram of the tier the limit belongs to.
     quota: Vec<Option<Histogram>>,
-    /// `[route][code class]`; the last route is [`NO_ROUTE`].
-    requests: Vec<[IntCounter; 6]>,
-    request_duration: Vec<Histogram>,
+    /// By route; the last route is [`NO_ROUTE`].
+    requests: Routes,
 }
 
 impl Labels {
@@ -375,14 +377,7 @@ impl Labels {
                 })
                 .collect(),
             quota,
-            requests: route_names
-                .iter()
-                .map(|r| CODE_CLASSES.map(|c| m.requests.with_label_values(&[r, c])))
-                .collect(),
-            request_duration: route_names
-                .iter()
-                .map(|r| m.request_duration.with_label_values(&[r]))
-                .collect(),
+            requests: m.requests.routes(&route_names),
             route_names,
         }
     }
@@ -411,10 +406,7 @@ impl Labels {
     /// One response of `route` (`None`: no route matched) with `status` (0: none).
     pub fn request(&self, route: Option<usize>, status: u16, seconds: Option<f64>) {
         let r = route.unwrap_or(self.route_names.len() - 1);
-        self.requests[r][code_class(status)].inc();
-        if let Some(s) = seconds {
-            self.request_duration[r].observe(s);
-        }
+        self.requests.count(r, code_class(status), seconds);
     }
 
     /// Decisions of every limit, summed over sources: `(name, [allow, deny, shadow_deny])`.
@@ -432,9 +424,9 @@ impl Labels {
     /// Responses by code class, summed over routes.
     pub fn response_totals(&self) -> [u64; 6] {
         let mut out = [0; 6];
-        for r in &self.requests {
-            for (o, c) in out.iter_mut().zip(r) {
-                *o += c.get();
+        for r in self.requests.iter() {
+            for (o, n) in out.iter_mut().zip(r.totals().responses) {
+                *o += n;
             }
         }
         out
@@ -464,10 +456,7 @@ impl Labels {
             .iter()
             .filter(|n| !next.route_names.contains(n))
         {
-            for c in CODE_CLASSES {
-                let _ = m.requests.remove_label_values(&[name, c]);
-            }
-            let _ = m.request_duration.remove_label_values(&[name]);
+            m.requests.remove(name);
         }
         for name in self
             .tier_names

@@ -13,6 +13,7 @@
 pub mod access_log;
 pub mod format;
 pub mod metrics;
+mod requests;
 #[cfg(test)]
 mod tests;
 pub mod top;
