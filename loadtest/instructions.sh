@@ -13,6 +13,10 @@
 #   a redis-server is started on core 1 when a config names it). With KEEP=DIR the callgrind
 #   files are kept there as LABEL.cg.*, for callgrind_annotate. CALLGRIND_OPTS adds options to
 #   callgrind's (e.g. "--cache-sim=yes --branch-sim=yes" for simulated cache and branch misses).
+#   With ATOMICS=1 a column counts the atomic read-modify-writes per request (instructions with
+#   a `lock` prefix, `xchg` with memory, `mfence`: loadtest/atomics.py), which cost tens of
+#   cycles each here where callgrind counts one instruction; ATOMICS_TOP=N lists each row's N
+#   functions with the most on standard error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=3000
@@ -39,8 +43,15 @@ for _ in range(int(sys.argv[2])):
 PY
 }
 
-echo "| row | instructions per request | ÷ ${1%%=*} |"
-echo "|---|---|---|"
+atomics=${ATOMICS:-}
+[ -n "$atomics" ] && CALLGRIND_OPTS="${CALLGRIND_OPTS:-} --dump-instr=yes"
+if [ -n "$atomics" ]; then
+  echo "| row | instructions per request | ÷ ${1%%=*} | atomic read-modify-writes per request |"
+  echo "|---|---|---|---|"
+else
+  echo "| row | instructions per request | ÷ ${1%%=*} |"
+  echo "|---|---|---|"
+fi
 base=""
 for row in "$@"; do
   IFS== read -r label bin cfg flags <<<"$row"
@@ -60,6 +71,10 @@ for row in "$@"; do
   [ -n "${KEEP:-}" ] && mkdir -p "$KEEP" && cp "$dir/$label.cg".* "$KEEP/"
   per=$((total / n))
   base=${base:-$per}
-  python3 -c "print(f'| $label | {$per:,} | {$per / $base:.3f} |')"
+  row=$(python3 -c "print(f'| $label | {$per:,} | {$per / $base:.3f} |')")
+  if [ -n "$atomics" ]; then
+    row="$row $(python3 loadtest/atomics.py "$(ls "$dir/$label.cg".* | tail -1)" "$n" "${ATOMICS_TOP:-0}") |"
+  fi
+  echo "$row"
 done
 echo "(callgrind, all threads; $n requests on one keep-alive connection after 200 to warm up; NGINX upstream)"
