@@ -11,15 +11,16 @@
 //!   connection is closed to make room, and only when none is idle is a new one refused;
 //! - **draining**: at shutdown every idle connection is closed at once.
 //!
-//! It also counts the requests in flight (a head arriving, or a request in progress), which the
-//! shutdown waits for.
+//! It also tells how many requests are in flight (a head arriving, or a request in progress),
+//! counted when asked, which the shutdown waits for.
 //!
 //! [`Guard`] is a Pingora `ServerApp` around the HTTP proxy; [`Tracked`] wraps the byte stream
 //! and applies the deadlines in `poll_read`. The proxy's hooks reach a connection's state with
 //! [`ConnState::of`]: `early_request_filter` marks it busy, `logging` idle.
 //!
-//! Phase: connection, before, between and after requests. The per-request cost is two atomic
-//! stores; the registry's mutex is taken on connect and close only, and scanned only at the cap.
+//! Phase: connection, before, between and after requests. The per-request cost is a few
+//! atomic loads and stores and one compare-exchange (a head's start); the registry's mutex is
+//! taken on connect and close only, and scanned only at the cap, by `/stats` and at shutdown.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
