@@ -225,35 +225,43 @@ mod handed_on_io {
 // Implement IO trait for 3rd party types, mostly for testing
 mod ext_io_impl {
     use super::*;
-    use tokio_test::io::Mock;
 
-    #[async_trait]
-    impl Shutdown for Mock {
-        async fn shutdown(&mut self) -> () {}
-    }
-    impl UniqueID for Mock {
-        fn id(&self) -> UniqueIDType {
-            0
-        }
-    }
-    impl Ssl for Mock {}
-    impl GetTimingDigest for Mock {
-        fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-            vec![]
-        }
-    }
-    impl GetProxyDigest for Mock {
-        fn get_proxy_digest(&self) -> Option<Arc<raw_connect::ProxyDigest>> {
-            None
-        }
-    }
-    impl GetSocketDigest for Mock {
-        fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
-            None
-        }
-    }
+    // `tokio-test`'s mock stream, for this crate's tests and, with the `tokio-test` feature,
+    // for its users' tests. Not a dependency otherwise: `tokio-test` turns on Tokio's
+    // `test-util`, whose pausable clock puts a mutex on every read of the time driver's clock.
+    #[cfg(any(test, feature = "tokio-test"))]
+    mod mock {
+        use super::*;
+        use tokio_test::io::Mock;
 
-    impl Peek for Mock {}
+        #[async_trait]
+        impl Shutdown for Mock {
+            async fn shutdown(&mut self) -> () {}
+        }
+        impl UniqueID for Mock {
+            fn id(&self) -> UniqueIDType {
+                0
+            }
+        }
+        impl Ssl for Mock {}
+        impl GetTimingDigest for Mock {
+            fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+                vec![]
+            }
+        }
+        impl GetProxyDigest for Mock {
+            fn get_proxy_digest(&self) -> Option<Arc<raw_connect::ProxyDigest>> {
+                None
+            }
+        }
+        impl GetSocketDigest for Mock {
+            fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+                None
+            }
+        }
+
+        impl Peek for Mock {}
+    }
 
     use std::io::Cursor;
 
