@@ -78,8 +78,8 @@ fn flag(args: &[String], names: &[&str]) -> Option<String> {
         .map(|w| w[1].clone())
 }
 
-/// The allocator, as a measured choice (`loadtest/RESULTS.md`): built with `--features
-/// mimalloc`, every allocation goes to mimalloc instead of glibc's malloc.
+/// The allocator, as a measured choice (`loadtest/log/2026-11-24-mimalloc.md`): built with
+/// `--features mimalloc`, every allocation goes to mimalloc instead of glibc's malloc.
 #[cfg(feature = "mimalloc")]
 #[allow(unsafe_code)] // a `GlobalAlloc` is an unsafe trait: tollgate's own, the same file
 #[path = "../src/alloc.rs"]

@@ -13,8 +13,8 @@
 -- then, only when extras were passed, the units each limit leased (0 unless admitted).
 -- The integers come as one string, in decimal, separated by spaces, not as an array: the
 -- gateway's client parses one value instead of one per integer (about 5k instructions less
--- per call, loadtest/RESULTS.md). `%d` truncates toward zero, as Redis does when it turns a
--- Lua number into an integer reply.
+-- per call, loadtest/log/2026-11-25-redis-calling-side.md). `%d` truncates toward zero, as
+-- Redis does when it turns a Lua number into an integer reply.
 -- Numeric arguments are converted by arithmetic (x + 0), which costs Redis about half what a
 -- tonumber call does; every one of them is a decimal integer the gateway wrote.
 local now

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # Build tollgate with profile-guided optimization (PGO): the `production` profile (fat LTO, one
 # codegen unit) compiled with a profile of the gateway's own hot paths, which cuts its CPU per
-# proxied request by about a sixth (loadtest/RESULTS.md, "Lever kept: profile-guided
-# optimization").
+# proxied request by about a sixth (loadtest/log/2026-11-25-pgo.md).
 #
 # 1. Builds an instrumented gateway (`-Cprofile-generate`, production profile) into
 #    target/pgo-gen. The instrumented build must use the profile the final one uses: a profile
 #    taken from the release build changed a production build's instructions by 1% where it
-#    changes a release build's by 16% (RESULTS.md).
+#    changes a release build's by 16% (loadtest/log/2026-11-25-pgo.md).
 # 2. Trains it on loopback: the gateway's own demo upstream and a redis-server on free ports,
 #    then the gateway under `wrk -t1 -c50` for SECONDS (default 5) with each of six configs:
 #    no limits; one memory-store limit that never denies; one that denies nearly every request

@@ -12,7 +12,7 @@
 //! `malloc`; any other layout keeps the aligned calls. An open pull request to the `mimalloc`
 //! crate proposes the same. A proxied request makes about 76 allocations; callgrind counted
 //! 2.2k fewer instructions per request with this, in bare Pingora and in tollgate alike
-//! (`loadtest/RESULTS.md`).
+//! (`loadtest/log/2026-11-26-four-framework-cuts.md`).
 //!
 //! Not a module of the library, which forbids `unsafe`: `main.rs` declares it, and the example
 //! includes the same file.

@@ -168,8 +168,9 @@ fn quotas(args: QuotasArgs) -> ExitCode {
     }
 }
 
-/// The allocator, as a measured choice (`loadtest/RESULTS.md`): built with `--features
-/// mimalloc` (the default), every allocation goes to mimalloc instead of glibc's malloc.
+/// The allocator, as a measured choice (`loadtest/log/2026-11-24-mimalloc.md`): built with
+/// `--features mimalloc` (the default), every allocation goes to mimalloc instead of glibc's
+/// malloc.
 #[cfg(feature = "mimalloc")]
 #[allow(unsafe_code)] // a `GlobalAlloc` is an unsafe trait; the library itself forbids unsafe
 mod alloc;

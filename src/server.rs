@@ -103,7 +103,8 @@ pub fn pingora_conf(s: &ServerSettings) -> ServerConf {
     // runtime's own tokio timer, not Pingora's shared "fast" timer map (a lock, a B-tree and a
     // clock thread ticking every 10 ms): with one thread, 1-2% fewer instructions and 0-6% less
     // CPU per request. On the work-stealing runtime, tokio's timer cost 6-9% more CPU with a
-    // limit (two threads), so Pingora's default stays (`loadtest/RESULTS.md`).
+    // limit (two threads), so Pingora's default stays
+    // (`loadtest/log/2026-11-25-peer-options-floor.md`).
     if !s.work_stealing {
         conf.fast_timeout_to_tokio_threshold_seconds = Some(0);
     }

@@ -421,8 +421,8 @@ async fn gateway_answers_leave_the_connection_usable_or_say_close() {
 /// requests, each round all held at the upstream at once for 2 s (so each needs a connection
 /// of its own, and a slow machine still gets all 20 there in time): with the default pool the
 /// later rounds reuse the first round's 20 connections; with a pool of 2, each later round
-/// finds 2 and opens 18 (`loadtest/RESULTS.md`: a pool smaller than the requests in flight
-/// made each request cost 1.5x the CPU).
+/// finds 2 and opens 18 (`loadtest/log/2026-11-25-peer-options-floor.md`: a pool smaller
+/// than the requests in flight made each request cost 1.5x the CPU).
 #[tokio::test(flavor = "multi_thread")]
 async fn upstream_connections_are_reused_up_to_the_keepalive_pool() {
     const N: u64 = 20;

@@ -18,7 +18,8 @@ pub struct ServerSettings {
     /// Tokio's work-stealing runtime shared by the threads (`true`), or a single-threaded
     /// runtime per thread, each connection on one of them (`false`). Default: work-stealing
     /// with more than one thread; with one there is nothing to steal from, and the
-    /// single-threaded runtime cost 2-14% less CPU per request (`loadtest/RESULTS.md`).
+    /// single-threaded runtime cost 2-14% less CPU per request
+    /// (`loadtest/log/2026-11-24-no-work-stealing.md`).
     pub work_stealing: bool,
     /// In-flight requests get this long to finish on shutdown.
     pub grace_period: Duration,
@@ -32,7 +33,8 @@ pub struct ServerSettings {
     /// sized this times `threads`), over all upstreams. A response whose connection finds the
     /// pool full closes it, and a later request opens a new one, so the pool must hold as many
     /// as there are requests in flight at a peak: with 300 in flight, Pingora's default of 128
-    /// made each request cost 1.5x the CPU (`loadtest/RESULTS.md`). Only connections a peak
+    /// made each request cost 1.5x the CPU (`loadtest/log/2026-11-25-peer-options-floor.md`).
+    /// Only connections a peak
     /// needed are ever open; each closes after the upstream's `idle`.
     pub upstream_keepalive_pool: usize,
     /// Where a `--upgrade` process takes the listening sockets over; `None`: derived from the
@@ -43,7 +45,8 @@ pub struct ServerSettings {
     /// ones (`Content-Type`, `Date`, `Host`, ...) and in lowercase for the rest. Names are
     /// case-insensitive (RFC 9110, section 5.1), and HTTP/2 has only lowercase ones. Keeping
     /// the case costs a second map per head: 6-7% more instructions per proxied request
-    /// (`loadtest/RESULTS.md`). For clients or upstreams that wrongly depend on case.
+    /// (`loadtest/log/2026-11-26-four-framework-cuts.md`). For clients or upstreams that
+    /// wrongly depend on case.
     pub preserve_header_case: bool,
 }
 

@@ -3,7 +3,8 @@
 //!
 //! A tokio timer costs each call an entry inserted into and removed from the runtime's timer
 //! wheel, and the runtime's parking then accounts for it: about 2.5k instructions of a Redis
-//! check's 29k (`loadtest/RESULTS.md`). Calls that wait the same time expire in the order
+//! check's 29k (`loadtest/log/2026-11-25-redis-deadlines-timer-thread.md`). Calls that wait
+//! the same time expire in the order
 //! they started, so one queue in start order and one thread that sleeps until the oldest
 //! unfinished call's deadline can keep them all. A call registers in the queue, checks its
 //! flag when polled, and marks its entry finished when it ends; the thread is woken only when

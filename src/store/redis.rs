@@ -245,7 +245,8 @@ pub struct RedisStats {
 /// The connection manager of a single node or a Sentinel master. It has no response timeout
 /// of its own: every call runs under [`RedisStore::guarded`]'s deadline, which is never later
 /// (the client's was `max(timeout, 100 ms)`), and a second timer per call cost about 1.1k
-/// instructions per Redis-store check (`loadtest/RESULTS.md`). A call that misses the deadline
+/// instructions per Redis-store check (`loadtest/log/2026-11-25-redis-calling-side.md`). A
+/// call that misses the deadline
 /// is dropped, as the client's timeout would drop it; either way its reply is discarded when it
 /// comes. A connection that stops answering altogether is replaced by
 /// [`RedisStore::on_deadline`].

@@ -3,7 +3,9 @@
 //! `redis::ScriptInvocation` keeps every key and every argument in a vector of its own and
 //! copies them into an `EVALSHA` command when invoked: about a dozen allocations for a
 //! one-limit check. A [`Call`] writes its keys, then its arguments, straight into the one
-//! command it sends (`loadtest/RESULTS.md` has the measurement); a check's keys are assembled
+//! command it sends (`loadtest/log/2026-11-25-peer-options-floor.md` and
+//! `loadtest/log/2026-11-27-0000-redis-command-without-copies.md` have the measurements); a
+//! check's keys are assembled
 //! on the stack rather than as strings of their own ([`KeyName`]), and each thread reuses the
 //! buffers of its last call's command.
 //!
