@@ -10,6 +10,8 @@ fi
 scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
+# Each patched crate is its release plus its diff, nothing more (patches/README.md).
+scripts/verify-patches.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
