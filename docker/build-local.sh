@@ -125,7 +125,8 @@ previous=$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
 # --layers=false: no intermediate images (the builder stage is over a gigabyte); the cargo
 # registry and target/ cache mounts keep a rebuild fast all the same.
 podman build --isolation=chroot --format docker --pull=never --layers=false \
-  --build-arg VERSION="$version" -f docker/Dockerfile -t "$IMAGE" .
+  --build-arg VERSION="$version" --build-arg TOLLGATE_COMMIT="$(git rev-parse --short=7 HEAD 2>/dev/null || echo unknown)" \
+  -f docker/Dockerfile -t "$IMAGE" .
 podman image inspect --format 'image {{.Id}}: {{.Size}} bytes, user {{.Config.User}}, healthcheck {{.Config.Healthcheck.Test}}' "$IMAGE" >&2
 # The image this tag named before, now nameless, goes.
 if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$IMAGE")" ]; then

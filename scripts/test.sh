@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # Quick-start command 2: install what the tests need, then run every check and test.
+# --fast: the library's own unit tests alone (no external service, no integration binaries),
+# for an answer while editing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --fast ]; then
+  exec cargo test --lib --locked
+fi
 scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
+# Each patched crate is its release plus its diff, nothing more (patches/README.md).
+scripts/verify-patches.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e

@@ -13,8 +13,21 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// Without a subcommand it runs the gateway. Flags override the config file. With
 /// --upstream and no config file it runs as a catch-all proxy on the memory store with the
 /// default per-IP limit of 600 requests per minute.
+/// `tollgate --version`: the package version and the commit the binary was built from (a
+/// 7-or-more hex prefix, `unknown` when built outside a git checkout; see build.rs).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("TOLLGATE_COMMIT"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
-#[command(name = "tollgate", version, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "tollgate",
+    version = VERSION,
+    args_conflicts_with_subcommands = true
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,

@@ -1,5 +1,6 @@
 //! The `tollgate` binary: cli → config → server.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -14,8 +15,10 @@ use tollgate::quota::client;
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,pingora_core=warn,pingora_proxy=warn".into());
+    // Colour escapes only for a person at a terminal, never in a file or a log collector.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -189,7 +192,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                println!("{e}");
+                eprintln!("{e}");
                 ExitCode::FAILURE
             }
         },

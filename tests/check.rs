@@ -1,6 +1,7 @@
 //! `tollgate check FILE` on one fixture per configuration mistake (tests/fixtures/config/),
-//! asserting the exit status and the exact output: `ok` for a valid file, otherwise every
-//! error, one per line, as `<path as passed>: <field.path>: <message>`.
+//! asserting the exit status and the exact output: `ok` on standard output for a valid file,
+//! otherwise every error on standard error, one per line, as
+//! `<path as passed>: <field.path>: <message>`.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -46,17 +47,19 @@ fn assert_ok(path: &str) {
     );
 }
 
-/// `path` fails with exactly these errors, in this order; each is `field.path: message` and
-/// gets the path as passed on the command line in front.
+/// `path` fails with exactly these errors, in this order, on standard error (standard output
+/// stays empty); each is `field.path: message` and gets the path as passed on the command line
+/// in front.
 fn assert_errors(path: &str, errors: &[&str]) {
     let out = check(path);
     let expected: String = errors.iter().map(|e| format!("{path}: {e}\n")).collect();
     assert_eq!(
-        text(&out.stdout),
+        text(&out.stderr),
         expected,
-        "stdout of `tollgate check {path}` (stderr: {})",
-        text(&out.stderr)
+        "stderr of `tollgate check {path}` (stdout: {})",
+        text(&out.stdout)
     );
+    assert_eq!(text(&out.stdout), "", "stdout of `tollgate check {path}`");
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -320,4 +323,33 @@ fn every_fixture_has_a_test() {
         .collect();
     untested.sort();
     assert!(untested.is_empty(), "fixtures without a test: {untested:?}");
+}
+
+/// `tollgate --version` names the package version and the commit this checkout is at (build.rs
+/// reruns when HEAD moves, so this holds right after a commit too).
+#[test]
+fn version_names_the_commit_it_was_built_from() {
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=7", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run git (install git)");
+    assert!(
+        head.status.success(),
+        "git rev-parse: {}",
+        text(&head.stderr)
+    );
+    let head = text(&head.stdout).trim().to_string();
+    assert!(
+        head.len() >= 7 && head.chars().all(|c| c.is_ascii_hexdigit()),
+        "{head}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("--version")
+        .output()
+        .expect("run tollgate --version");
+    assert_eq!(
+        text(&out.stdout),
+        format!("tollgate {} ({head})\n", env!("CARGO_PKG_VERSION"))
+    );
 }

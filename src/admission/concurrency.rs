@@ -18,10 +18,6 @@ use crate::config::{LimitId, OnError};
 use crate::refusal::Refusal;
 use crate::store::{Claim, Claims, HeldSlots, InUse, Store};
 
-/// `Retry-After` (seconds) of a request refused by a concurrency limit: a slot frees as soon
-/// as any of the caller's requests ends.
-pub const RETRY_AFTER_S: u64 = 1;
-
 /// The slots one request took.
 #[derive(Debug, Default)]
 pub(super) struct Taken {

@@ -21,7 +21,7 @@ use prometheus::{
     Registry,
 };
 
-use super::requests::{RequestSeries, Routes};
+use super::requests::{code_class, RequestSeries, Routes};
 use crate::admission::{Outcome, Source};
 use crate::config::reload::ConfigHandle;
 use crate::config::{Config, LimitId, Priority};
@@ -31,8 +31,6 @@ use crate::store::{ErrorKind, Store};
 
 /// The `route` label of a request that matched no route (route names cannot contain `(`).
 pub const NO_ROUTE: &str = "(none)";
-/// `code_class` values; `none` is a request that ended without a response (client gone).
-pub const CODE_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
 /// `kind` values of `tollgate_store_errors_total`.
 pub const STORE_ERROR_KINDS: [ErrorKind; 4] = [
     ErrorKind::Timeout,
@@ -61,18 +59,6 @@ fn source_index(s: Source) -> usize {
         Source::Local => 2,
         Source::OverLimitCache => 3,
         Source::Lease => 4,
-    }
-}
-
-/// The code class index of a status (0: no response).
-pub fn code_class(status: u16) -> usize {
-    match status {
-        100..=199 => 0,
-        200..=299 => 1,
-        300..=399 => 2,
-        400..=499 => 3,
-        500..=599 => 4,
-        _ => 5,
     }
 }
 

@@ -17,7 +17,20 @@ use parking_lot::Mutex;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{self, LabelPair, MetricFamily, MetricType};
 
-use super::metrics::CODE_CLASSES;
+/// `code_class` values; `none` is a request that ended without a response (client gone).
+pub const CODE_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
+
+/// The index in [`CODE_CLASSES`] of a status (`none` for anything outside 100-599).
+pub fn code_class(status: u16) -> usize {
+    match status {
+        100..=199 => 0,
+        200..=299 => 1,
+        300..=399 => 2,
+        400..=499 => 3,
+        500..=599 => 4,
+        _ => 5,
+    }
+}
 
 /// Upper bounds of the request-duration buckets, in seconds.
 pub const REQUEST_BUCKETS: [f64; 14] = [

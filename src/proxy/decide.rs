@@ -14,7 +14,7 @@ use pingora_proxy::Session;
 
 use super::{refused, Gateway, RequestCtx};
 use crate::admission::{self, Admitted, Refused, Report, Request};
-use crate::config::Config;
+use crate::config::{Config, Route, RouteId};
 use crate::conn::ConnState;
 use crate::identity::{apply_quotas, identify, Caller};
 use crate::quota;
@@ -80,17 +80,18 @@ impl Gateway {
         ctx: &mut RequestCtx,
         caller: &'a mut Option<Caller<'a>>,
     ) -> Result<Option<Check<'a>>, Refused> {
-        let caller = caller.insert(self.identify_route_shed(cfg, session, ctx)?);
-        Ok(self.check(cfg, session, ctx, caller))
+        let (who, route_id) = self.identify_route_shed(cfg, session, ctx)?;
+        let caller = caller.insert(who);
+        Ok(self.check(cfg, session, &cfg.routes[route_id], caller))
     }
 
-    /// Steps 1 to 3; the caller, for the limits.
+    /// Steps 1 to 3; the caller and the index of its route, for the limits.
     fn identify_route_shed<'s>(
         &self,
         cfg: &Arc<Config>,
         session: &'s Session,
         ctx: &mut RequestCtx,
-    ) -> Result<Caller<'s>, Refused> {
+    ) -> Result<(Caller<'s>, RouteId), Refused> {
         let peer = ctx.peer.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         let req = session.req_header();
 
@@ -137,7 +138,7 @@ impl Gateway {
             .admit(class, cfg.shedding.as_ref())
             .map_err(|shed| refused(Refusal::Shed(shed.class)))?;
         ctx.in_flight = Some(in_flight);
-        Ok(caller)
+        Ok((caller, route_id))
     }
 
     /// Step 4's start: every limit that applies (a slot of each concurrency limit, then every
@@ -147,11 +148,10 @@ impl Gateway {
         &self,
         cfg: &'a Config,
         session: &'a Session,
-        ctx: &RequestCtx,
+        route: &'a Route,
         caller: &'a Caller<'a>,
     ) -> Option<Check<'a>> {
         let req = session.req_header();
-        let route = &cfg.routes[ctx.route?];
         let mut request = Request {
             cfg,
             caller,
