@@ -16,7 +16,7 @@
 # DIR/gateway-N.env (that gateway's environment), and prints the addresses.
 # Needs haproxy, redis-server and redis-cli (scripts/setup.sh installs them).
 #
-# Restart or upgrade gateway N by hand (README, Deploying; tests/fleet.rs does both under load):
+# Restart or upgrade gateway N by hand (docs/deployment.md, "Rolling restart" and "Binary upgrade"; tests/fleet.rs does both under load):
 #   kill -TERM "$(cat DIR/gateway-N.pid)"      # drains, then exits; start it again with:
 #   env $(cat DIR/gateway-N.env) tollgate --config docker/gateway.yaml
 #   env $(cat DIR/gateway-N.env) tollgate --upgrade --config docker/gateway.yaml &

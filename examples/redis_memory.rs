@@ -1,4 +1,4 @@
-//! Memory per active key in Redis (`MEMORY USAGE`), for the README's table: one limit and one
+//! Memory per active key in Redis (`MEMORY USAGE`), for docs/stores.md's table: one limit and one
 //! caller per algorithm, written through `Store::check` exactly as the gateway writes it, on
 //! keys named like the bundled config's (`{tollgate:free-minute:<32 hex>}:<algorithm>`).
 //! Decides at fixed times (explicit time) so every run writes the same state.

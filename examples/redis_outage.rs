@@ -1,4 +1,4 @@
-//! Figures for the README's "When Redis fails": what a Redis outage costs requests, measured on
+//! Figures for docs/stores.md's "When Redis fails": what a Redis outage costs requests, measured on
 //! real processes with real faults. Starts its own `redis-server`, demo upstream and gateway
 //! (all on free loopback ports, killed by PID when dropped, also on panic), drives closed-loop
 //! load and makes Redis fail for real, once with `kill -9` (then a restart on the same port) and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Memory per active key in Redis (MEMORY USAGE) for each algorithm, as in the README's table.
+# Memory per active key in Redis (MEMORY USAGE) for each algorithm, as in docs/stores.md's table.
 # Starts its own redis-server on a free loopback port and stops it at the end.
 # Usage: loadtest/redis_memory.sh
 set -euo pipefail

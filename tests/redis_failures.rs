@@ -21,7 +21,7 @@
 //! 6. A restart that loses the script cache mid-run: no client-visible error.
 //! 7. Sentinel failover away from a master that is stopped (SIGSTOP), not dead: the gateway
 //!    must follow the new master too.
-//! 8. The local fallback limiter starts empty when each outage starts (as the README says).
+//! 8. The local fallback limiter starts empty when each outage starts (as docs/stores.md says).
 //! 9. A connection whose replies stopped for good, without being closed (the TCP proxy stops
 //!    relaying on it): requests follow their policy at the deadline, and the gateway replaces
 //!    the connection once it has been silent for 5 s, so Redis decides again.
@@ -356,7 +356,7 @@ async fn redis_killed_under_load_each_limit_follows_its_policy_and_the_breaker_o
     let mut remaining = BTreeSet::new();
     for r in local.iter().map(Reply::resp) {
         assert_eq!(degraded(r), Some(POLICY_LOCAL), "{r:#?}");
-        // The local limiter's numbers; RateLimit-Policy names the configured quota (README).
+        // The local limiter's numbers; RateLimit-Policy names the configured quota (docs/stores.md).
         assert_eq!(r.header_u64("x-ratelimit-limit"), 5, "{r:#?}");
         assert_eq!(
             r.header("ratelimit-policy"),
@@ -970,7 +970,7 @@ async fn sentinel_failover_away_from_a_stopped_master_is_followed() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 8. The local fallback limiter starts empty at each outage (README, "When Redis fails").
+// 8. The local fallback limiter starts empty at each outage (docs/stores.md, "When Redis fails").
 // ---------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1024,7 +1024,7 @@ async fn local_fallback_counters_start_empty_when_each_outage_starts() {
     assert_eq!(
         admitted,
         vec![5, 5],
-        "limit 10 × local_share 0.5 per outage: the README says \"Local counters start empty when \
+        "limit 10 × local_share 0.5 per outage: docs/stores.md says \"Local counters start empty when \
          the outage starts\", so the second outage admits 5 again"
     );
 }

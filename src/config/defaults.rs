@@ -1,5 +1,5 @@
-//! The default of every optional setting of `gateway.yaml`, in one place. The README's
-//! configuration section shows the same values.
+//! The default of every optional setting of `gateway.yaml`, in one place. docs/configuration.md
+//! shows the same values.
 
 use std::time::Duration;
 

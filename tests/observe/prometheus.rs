@@ -115,8 +115,8 @@ async fn every_metric_the_dashboard_and_alerts_use_exists_in_a_live_scrape() {
         missing.is_empty(),
         "used but not in /metrics: {missing:?}\nlive: {live:?}"
     );
-    // And the README documents every metric the gateway exports.
-    let readme = read("README.md");
+    // And docs/operations.md documents every metric the gateway exports.
+    let readme = read("docs/operations.md");
     let family = |n: &str| {
         ["_bucket", "_sum", "_count"]
             .iter()
@@ -131,7 +131,7 @@ async fn every_metric_the_dashboard_and_alerts_use_exists_in_a_live_scrape() {
         .collect();
     assert!(
         undocumented.is_empty(),
-        "metrics missing from the README: {undocumented:?}"
+        "metrics missing from docs/operations.md: {undocumented:?}"
     );
 }
 
