@@ -3,10 +3,8 @@
 //! increments counters it already holds.
 //!
 //! Two kinds of source feed them:
-//! - the request path increments handles directly (decisions, check durations, failure
-//!   policies, quota use): one atomic add each, no allocation; responses and their durations,
-//!   counted on every request, go to a shard of the thread's own instead (`requests`), with no
-//!   atomic read-modify-write;
+//! - the request path increments handles directly (decisions, check and request durations,
+//!   responses, failure policies, quota use): one atomic add each, no allocation;
 //! - counters that other modules keep anyway as atomics (shedding, store errors, breaker,
 //!   reloads, the access log) are copied in when `/metrics` is scraped ([`Metrics::sync`]),
 //!   so nothing is counted twice on the request path.
@@ -21,7 +19,6 @@ use prometheus::{
     Registry,
 };
 
-use super::requests::{code_class, RequestSeries, Routes};
 use crate::admission::{Outcome, Source};
 use crate::config::reload::ConfigHandle;
 use crate::config::{Config, LimitId, Priority};
@@ -31,6 +28,8 @@ use crate::store::{ErrorKind, Store};
 
 /// The `route` label of a request that matched no route (route names cannot contain `(`).
 pub const NO_ROUTE: &str = "(none)";
+/// `code_class` values; `none` is a request that ended without a response (client gone).
+pub const CODE_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
 /// `kind` values of `tollgate_store_errors_total`.
 pub const STORE_ERROR_KINDS: [ErrorKind; 4] = [
     ErrorKind::Timeout,
@@ -50,6 +49,9 @@ const SOURCES: [Source; 5] = [
 const CHECK_BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 ];
+const REQUEST_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
 const QUOTA_BUCKETS: &[f64] = &[0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0];
 
 fn source_index(s: Source) -> usize {
@@ -62,13 +64,25 @@ fn source_index(s: Source) -> usize {
     }
 }
 
+/// The index in [`CODE_CLASSES`] of a status (`none` for anything outside 100-599).
+pub fn code_class(status: u16) -> usize {
+    match status {
+        100..=199 => 0,
+        200..=299 => 1,
+        300..=399 => 2,
+        400..=499 => 3,
+        500..=599 => 4,
+        _ => 5,
+    }
+}
+
 /// Every metric family of the gateway, registered in its own registry.
 pub struct Metrics {
     pub registry: Registry,
     decisions: IntCounterVec,
     pub(super) check_duration: Histogram,
-    /// `tollgate_requests_total` and `tollgate_request_duration_seconds`, counted per thread.
-    requests: RequestSeries,
+    request_duration: HistogramVec,
+    requests: IntCounterVec,
     in_flight: IntGauge,
     shed: IntCounterVec,
     admitted: IntCounterVec,
@@ -151,11 +165,8 @@ impl Metrics {
         Metrics {
             decisions: counter_vec(&r, "tollgate_decisions_total", "Limit decisions, one per limit checked for a request.", &["limit", "outcome", "source"]),
             check_duration,
-            requests: {
-                let series = RequestSeries::new();
-                r.register(Box::new(series.clone())).expect("registered once");
-                series
-            },
+            request_duration: histogram_vec(&r, "tollgate_request_duration_seconds", "Whole requests, from the request head to the end of the response.", &["route"], REQUEST_BUCKETS),
+            requests: counter_vec(&r, "tollgate_requests_total", "Responses, by route and status class.", &["route", "code_class"]),
             in_flight: gauge(&r, "tollgate_requests_in_flight", "Requests in progress in this gateway (past routing)."),
             shed: counter_vec(&r, "tollgate_shed_total", "Requests refused by load shedding (503), by priority class.", &["class"]),
             admitted: counter_vec(&r, "tollgate_admitted_total", "Requests load shedding let through, by priority class.", &["class"]),
@@ -309,8 +320,9 @@ pub struct Labels {
     failure_policy: Vec<IntCounter>,
     /// By limit: the quota histogram of the tier the limit belongs to.
     quota: Vec<Option<Histogram>>,
-    /// By route; the last route is [`NO_ROUTE`].
-    requests: Routes,
+    /// `[route][code class]`; the last route is [`NO_ROUTE`].
+    requests: Vec<[IntCounter; 6]>,
+    request_duration: Vec<Histogram>,
 }
 
 impl Labels {
@@ -363,7 +375,14 @@ impl Labels {
                 })
                 .collect(),
             quota,
-            requests: m.requests.routes(&route_names),
+            requests: route_names
+                .iter()
+                .map(|r| CODE_CLASSES.map(|c| m.requests.with_label_values(&[r, c])))
+                .collect(),
+            request_duration: route_names
+                .iter()
+                .map(|r| m.request_duration.with_label_values(&[r]))
+                .collect(),
             route_names,
         }
     }
@@ -392,7 +411,10 @@ impl Labels {
     /// One response of `route` (`None`: no route matched) with `status` (0: none).
     pub fn request(&self, route: Option<usize>, status: u16, seconds: Option<f64>) {
         let r = route.unwrap_or(self.route_names.len() - 1);
-        self.requests.count(r, code_class(status), seconds);
+        self.requests[r][code_class(status)].inc();
+        if let Some(s) = seconds {
+            self.request_duration[r].observe(s);
+        }
     }
 
     /// Decisions of every limit, summed over sources: `(name, [allow, deny, shadow_deny])`.
@@ -410,9 +432,9 @@ impl Labels {
     /// Responses by code class, summed over routes.
     pub fn response_totals(&self) -> [u64; 6] {
         let mut out = [0; 6];
-        for r in self.requests.iter() {
-            for (o, n) in out.iter_mut().zip(r.totals().responses) {
-                *o += n;
+        for r in &self.requests {
+            for (o, c) in out.iter_mut().zip(r) {
+                *o += c.get();
             }
         }
         out
@@ -442,7 +464,10 @@ impl Labels {
             .iter()
             .filter(|n| !next.route_names.contains(n))
         {
-            m.requests.remove(name);
+            for c in CODE_CLASSES {
+                let _ = m.requests.remove_label_values(&[name, c]);
+            }
+            let _ = m.request_duration.remove_label_values(&[name]);
         }
         for name in self
             .tier_names

@@ -13,7 +13,6 @@
 pub mod access_log;
 pub mod format;
 pub mod metrics;
-mod requests;
 #[cfg(test)]
 mod tests;
 pub mod top;
@@ -397,7 +396,7 @@ impl Observer {
                 })
                 .collect();
             let responses = l.response_totals();
-            let classes: serde_json::Map<String, serde_json::Value> = requests::CODE_CLASSES
+            let classes: serde_json::Map<String, serde_json::Value> = metrics::CODE_CLASSES
                 .iter()
                 .zip(responses)
                 .map(|(c, n)| (c.to_string(), n.into()))
