@@ -1921,7 +1921,7 @@ mod tests {
     use pingora_core::protocols::l4::virt::{VirtualSockOpt, VirtualSocket, VirtualSocketStream};
     use pingora_error::RetryType;
     use std::pin::Pin;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Mutex;
     use std::task::{Context, Poll};
     use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -2730,5 +2730,47 @@ mod tests {
         .await
         .expect("read_request parked after shutdown");
         assert!(session.is_none());
+    }
+
+    /// `pinned_in_place` (its one `unsafe`, `assume_init`) gives the value `make` made, made
+    /// once, in a box that owns it: the value is dropped once, with the box. Run under Miri
+    /// by scripts/upstream-tests.sh, which also checks that nothing uninitialized is read.
+    #[test]
+    fn pinned_in_place_boxes_the_value_made_once_and_drops_it_once() {
+        struct Big {
+            bytes: [u8; 16 * 1024],
+            drops: Arc<AtomicUsize>,
+        }
+        impl Drop for Big {
+            fn drop(&mut self) {
+                self.drops.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut makes = 0;
+        let big = pinned_in_place(|| {
+            makes += 1;
+            let mut bytes = [0u8; 16 * 1024];
+            for (i, b) in bytes.iter_mut().enumerate() {
+                *b = (i % 251) as u8;
+            }
+            Big {
+                bytes,
+                drops: drops.clone(),
+            }
+        });
+        assert_eq!(makes, 1);
+        assert_eq!(big.bytes[0], 0);
+        assert_eq!(big.bytes[16 * 1024 - 1], ((16 * 1024 - 1) % 251) as u8);
+        assert_eq!(big.bytes.iter().map(|&b| b as usize).sum::<usize>(), {
+            (0..16 * 1024).map(|i| i % 251).sum::<usize>()
+        });
+        assert_eq!(drops.load(Ordering::SeqCst), 0);
+        drop(big);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+
+        // A zero-sized value: `Box::new_uninit` allocates nothing for it.
+        let unit: Pin<Box<()>> = pinned_in_place(|| ());
+        drop(unit);
     }
 }
