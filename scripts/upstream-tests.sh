@@ -163,12 +163,14 @@ done
 miri_toolchain=nightly-2026-05-20
 while read -r crate name _; do
   [ -n "$name" ] || continue
-  echo "upstream-tests: miri: $crate $name" >&2
-  if ! (cd "$work/patched" && MIRIFLAGS=-Zmiri-disable-isolation nice cargo "+$miri_toolchain" \
-    miri test --locked --lib -p "$crate" -- --exact "$name") >"$work/miri.log" 2>&1 ||
-    ! grep -q '^test result: ok. 1 passed' "$work/miri.log"; then
-    tail -40 "$work/miri.log" >&2
-    echo "upstream-tests: miri: $crate $name failed (log: $work/miri.log)" >&2
+  log=$work/miri-$crate-${name##*::}.log
+  if (cd "$work/patched" && MIRIFLAGS=-Zmiri-disable-isolation nice cargo "+$miri_toolchain" \
+    miri test --locked --lib -p "$crate" -- --exact "$name") >"$log" 2>&1 &&
+    grep -q '^test result: ok. 1 passed' "$log"; then
+    echo "upstream-tests: miri: $crate $name: ok" >&2
+  else
+    tail -40 "$log" >&2
+    echo "upstream-tests: miri: $crate $name failed (log: $log)" >&2
     status=1
   fi
 done < <(sed -e 's/#.*//' "$dir/miri.txt")

@@ -78,6 +78,25 @@ mod tests {
         );
     }
 
+    /// `read`, the module's one `unsafe` block (`clock_gettime`), gets both coarse clocks from
+    /// the kernel: a `None` would leave every reading to the precise clocks' fallback, which the
+    /// other tests would not notice. Run under Miri by scripts/upstream-tests.sh.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn both_coarse_clocks_are_read_from_the_kernel() {
+        let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        let coarse = read(libc::CLOCK_REALTIME_COARSE).expect("CLOCK_REALTIME_COARSE");
+        let after = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        assert!(coarse <= after, "{coarse:?} after {after:?}");
+        assert!(
+            coarse + TICK_AND_SLACK >= before,
+            "{coarse:?} long before {before:?}"
+        );
+        let first = read(libc::CLOCK_MONOTONIC_COARSE).expect("CLOCK_MONOTONIC_COARSE");
+        let second = read(libc::CLOCK_MONOTONIC_COARSE).expect("CLOCK_MONOTONIC_COARSE");
+        assert!(second >= first, "{second:?} before {first:?}");
+    }
+
     #[test]
     fn monotonic_time_moves_with_the_precise_clock_and_never_back() {
         let (coarse0, precise0) = (monotonic(), Instant::now());
