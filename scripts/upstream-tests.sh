@@ -18,12 +18,17 @@
 # the time this takes in CI.
 #
 # --stock: test the published crates too, whatever the key, and rewrite stock-passes.txt.
+# --miri: run the Miri tests, whatever the key (below), and rewrite miri-passes.txt.
 # --write-locks: re-resolve both lock files (seeded with tollgate's Cargo.lock, so shared
-# dependencies keep the versions tollgate ships with), then test as with --stock.
+# dependencies keep the versions tollgate ships with), then test as with --stock and --miri.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
 mode=${1:-}
+case $mode in
+  "" | --stock | --miri | --write-locks) ;;
+  *) echo "usage: $0 [--stock | --miri | --write-locks]" >&2; exit 2 ;;
+esac
 dir=patches/upstream-tests
 work=$top/target/upstream-tests
 export CARGO_TARGET_DIR=$work/target
@@ -117,7 +122,8 @@ key=$( {
 } | sha256sum | cut -c1-16)
 status=0
 stock_list=$dir/stock-passes.txt
-if [ -n "$mode" ] || [ "$(head -1 "$stock_list" 2>/dev/null)" != "# key $key" ]; then
+if [ "$mode" = --stock ] || [ "$mode" = --write-locks ] ||
+  [ "$(head -1 "$stock_list" 2>/dev/null)" != "# key $key" ]; then
   prepare stock
   run stock || status=1
   if [ "$mode" = --write-locks ]; then
@@ -159,8 +165,26 @@ done
 # run here under Miri, which fails on undefined behaviour (an uninitialized read, a use after
 # free, a leak) where a native run may pass. Miri needs a nightly toolchain, pinned here so that
 # what it accepts does not change under us; scripts/setup.sh installs it. Isolation is off so
-# that the clock tests read the host's clocks.
+# that the clock tests read the host's clocks. Building the crates and their dev-dependencies
+# for Miri takes minutes, and its verdict depends only on the patched copies, patched.lock,
+# miri.txt, the workspace manifest and the toolchain: the tests that pass are kept in
+# patches/upstream-tests/miri-passes.txt under a key of those, and run again only when it no
+# longer matches (a patch changed) or with --miri. (The native run above runs them always.)
 miri_toolchain=nightly-2026-05-20
+miri_list=$dir/miri-passes.txt
+miri_key=$( {
+  for c in $crates; do (cd "patches/$c" && find . -type f | LC_ALL=C sort | xargs sha256sum); done
+  cat "$dir/patched.lock" "$dir/miri.txt" "$dir/Cargo.toml"
+  echo "$miri_toolchain"
+} | sha256sum | cut -c1-16)
+if [ "$mode" != --miri ] && [ "$mode" != --write-locks ] &&
+  [ "$(head -1 "$miri_list" 2>/dev/null)" = "# key $miri_key" ]; then
+  echo "upstream-tests: miri: the patched crates and the list are as when $miri_list was" \
+    "written: $(grep -vc '^#' "$miri_list") tests passed then, not run again (--miri runs them)" >&2
+  exit "$status"
+fi
+miri_status=0
+miri_passed=()
 while read -r crate name _; do
   [ -n "$name" ] || continue
   log=$work/miri-$crate-${name##*::}.log
@@ -168,10 +192,21 @@ while read -r crate name _; do
     miri test --locked --lib -p "$crate" -- --exact "$name") >"$log" 2>&1 &&
     grep -q '^test result: ok. 1 passed' "$log"; then
     echo "upstream-tests: miri: $crate $name: ok" >&2
+    miri_passed+=("$crate $name")
   else
     tail -40 "$log" >&2
     echo "upstream-tests: miri: $crate $name failed (log: $log)" >&2
-    status=1
+    miri_status=1
   fi
 done < <(sed -e 's/#.*//' "$dir/miri.txt")
+if [ "$miri_status" -eq 0 ]; then
+  {
+    echo "# key $miri_key"
+    echo "# The tests of miri.txt that pass under Miri, from scripts/upstream-tests.sh; the key"
+    echo "# hashes the patched copies, patched.lock, miri.txt, Cargo.toml and the toolchain."
+    printf '%s\n' "${miri_passed[@]}"
+  } >"$miri_list"
+  echo "upstream-tests: wrote $miri_list" >&2
+fi
+[ "$miri_status" -eq 0 ] || status=1
 exit "$status"
