@@ -156,6 +156,10 @@ fixtures! {
     jwt_require_exp_is_a_boolean => "jwt-require-exp-not-bool.yaml": [
         "identity.jwt.require_exp: invalid type: string \"sometimes\", expected a boolean",
     ],
+    admin_allowed_hosts_are_host_names => "admin-bad-allowed-host.yaml": [
+        r#"admin.allowed_hosts[1]: "http://admin.example.com" must be a host name without scheme, port or path"#,
+        r#"admin.allowed_hosts[2]: "admin.example.com:9901" must be a host name without scheme, port or path"#,
+    ],
     missing_upstreams => "missing-upstreams.yaml": [
         "upstreams: missing: define at least one upstream",
         r#"routes[0].upstream: upstream "backend" is not defined under upstreams"#,

@@ -255,6 +255,8 @@ pub struct AccessLog {
 pub struct Admin {
     /// The environment variable that holds the admin bearer token.
     pub token_env: Option<String>,
+    /// Host names the admin listener answers to, besides IP literals and `localhost`.
+    pub allowed_hosts: Option<Vec<String>>,
 }
 
 // ---- end observability ----
