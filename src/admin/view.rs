@@ -138,6 +138,6 @@ pub fn config(cfg: &Config) -> Value {
             "path": cfg.access_log.path.as_ref().map(|p| p.display().to_string()),
             "sample": cfg.access_log.sample,
         },
-        "admin": { "token_env": cfg.admin.token_env },
+        "admin": { "token_env": cfg.admin.token_env, "allowed_hosts": cfg.admin.allowed_hosts },
     })
 }
