@@ -225,6 +225,7 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
         lifecycle: lifecycle.clone(),
         observer,
         quotas: quotas.clone(),
+        sessions: Default::default(),
     };
     let mut admin = Service::new("tollgate admin".to_string(), admin);
     admin.add_tcp(&s.admin_listen.to_string());

@@ -149,6 +149,20 @@ fixtures! {
     jwt_secret_env_empty => "jwt-secret-empty.yaml": [
         "identity.jwt.hs256_secret_env: environment variable TOLLGATE_TEST_EMPTY_SECRET is empty (it must hold the HS256 secret)",
     ],
+    jwt_audience_entries_are_non_empty_strings => "jwt-bad-audience.yaml": [
+        "identity.jwt.audience[1]: must be a string",
+        "identity.jwt.audience[2]: must not be empty",
+    ],
+    jwt_issuer_is_a_string_or_a_list => "jwt-bad-issuer.yaml": [
+        "identity.jwt.issuer: must be a string or a list of strings",
+    ],
+    jwt_require_exp_is_a_boolean => "jwt-require-exp-not-bool.yaml": [
+        "identity.jwt.require_exp: invalid type: string \"sometimes\", expected a boolean",
+    ],
+    admin_allowed_hosts_are_host_names => "admin-bad-allowed-host.yaml": [
+        r#"admin.allowed_hosts[1]: "http://admin.example.com" must be a host name without scheme, port or path"#,
+        r#"admin.allowed_hosts[2]: "admin.example.com:9901" must be a host name without scheme, port or path"#,
+    ],
     missing_upstreams => "missing-upstreams.yaml": [
         "upstreams: missing: define at least one upstream",
         r#"routes[0].upstream: upstream "backend" is not defined under upstreams"#,

@@ -100,6 +100,7 @@ pub fn config(cfg: &Config) -> Value {
             "jwt": cfg.identity.jwt.as_ref().map(|j| json!({
                 "header": j.header.as_str(), "user_claim": j.user_claim, "tier_claim": j.tier_claim,
                 "leeway": secs(Duration::from_secs(j.validation.leeway)), "secret": "<from the environment>",
+                "require_exp": j.require_exp, "audience": j.audience, "issuer": j.issuer,
             })),
         },
         "tiers": cfg.tiers.iter().map(|t| json!({
@@ -137,6 +138,6 @@ pub fn config(cfg: &Config) -> Value {
             "path": cfg.access_log.path.as_ref().map(|p| p.display().to_string()),
             "sample": cfg.access_log.sample,
         },
-        "admin": { "token_env": cfg.admin.token_env },
+        "admin": { "token_env": cfg.admin.token_env, "allowed_hosts": cfg.admin.allowed_hosts },
     })
 }

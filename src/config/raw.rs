@@ -118,6 +118,12 @@ pub struct Jwt {
     pub tier_claim: Option<String>,
     /// Clock skew allowed when checking `exp` and `nbf` (default 0s).
     pub leeway: Option<String>,
+    /// The `aud` values accepted: a string or a list of strings.
+    pub audience: Option<serde_yaml::Value>,
+    /// The `iss` values accepted: a string or a list of strings.
+    pub issuer: Option<serde_yaml::Value>,
+    /// Refuse tokens without `exp` (default true).
+    pub require_exp: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -249,6 +255,8 @@ pub struct AccessLog {
 pub struct Admin {
     /// The environment variable that holds the admin bearer token.
     pub token_env: Option<String>,
+    /// Host names the admin listener answers to, besides IP literals and `localhost`.
+    pub allowed_hosts: Option<Vec<String>>,
 }
 
 // ---- end observability ----
