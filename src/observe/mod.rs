@@ -435,3 +435,4 @@ fn unix_seconds() -> u64 {
 }
 
 mod line;
+pub use line::summary;
