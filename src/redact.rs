@@ -6,6 +6,8 @@
 //! - [`url`]: a URL with the password of its userinfo and the value of every credential-looking
 //!   query parameter ([`is_credential`]) replaced by [`HIDDEN`]. A URL that does not parse is
 //!   never shown, not even in part: only why it does not parse.
+//! - [`urls_in`]: every URL inside a message (a config error quoting a value) as [`url`]
+//!   shows it.
 //! - [`scrub`]: client-chosen text (a path, a user agent) with the caller's API key and bearer
 //!   token replaced by what stands for them, and anything shaped like a JWT by `[jwt]`.
 //!
@@ -47,40 +49,66 @@ pub struct UnparsedUrl(url::ParseError);
 /// credential-looking query value (`redis://:***@host:6379/0`,
 /// `postgres://app@db/q?sslmode=require&password=***`). A password holding `@` is hidden
 /// whole (the last `@` ends the userinfo). A URL without `//` whose rest holds `@`
-/// (`user:secret@host`) shows its scheme alone. Otherwise the URL is shown as parsed.
+/// (`user:secret@host`) shows its scheme alone. A URL with nothing to hide is shown as
+/// written.
 pub fn url(text: &str) -> Result<String, UnparsedUrl> {
     let mut u = url::Url::parse(text).map_err(UnparsedUrl)?;
     if u.cannot_be_a_base() && u.path().contains('@') {
         // `user:secret@host` without `//` parses as a scheme and an opaque path.
         return Ok(format!("{}:{HIDDEN}", u.scheme()));
     }
-    if u.password().is_some() && u.set_password(Some(HIDDEN)).is_err() {
+    let mut hid = u.password().is_some();
+    if hid && u.set_password(Some(HIDDEN)).is_err() {
         return Ok(format!("{}://{HIDDEN}", u.scheme()));
     }
     if let Some(q) = u.query() {
-        let mut hid = false;
         let pairs: Vec<Cow<'_, str>> = q
             .split('&')
             .map(|pair| match pair.split_once('=') {
                 Some((k, v)) if !v.is_empty() && is_credential(k) => {
-                    hid = true;
                     Cow::Owned(format!("{k}={HIDDEN}"))
                 }
                 _ => Cow::Borrowed(pair),
             })
             .collect();
-        if hid {
+        if pairs.iter().any(|p| matches!(p, Cow::Owned(_))) {
+            hid = true;
             let q = pairs.join("&");
             u.set_query(Some(&q));
         }
     }
-    Ok(u.into())
+    // Nothing hidden: the text as written, not as the parser would write it.
+    Ok(if hid { u.into() } else { text.to_string() })
 }
 
 /// [`url`], or a sentence saying the URL is not shown: for outputs that show a URL already
 /// validated (and so never unparsed there).
 pub fn url_shown(text: &str) -> String {
     url(text).unwrap_or_else(|e| format!("<not shown: {e}>"))
+}
+
+/// `text` (an error message) with every URL in it (`scheme://` up to a space or a quote)
+/// shown as [`url_shown`] shows it: a config error that quotes a value, such as serde's
+/// `invalid type: string "redis://:secret@host"`, never shows a password.
+pub fn urls_in(text: &str) -> Cow<'_, str> {
+    if !text.contains("://") {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let start = rest[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .map_or(0, |i| i + 1);
+        let end = rest[at..]
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '`'))
+            .map_or(rest.len(), |i| at + i);
+        out.push_str(&rest[..start]);
+        out.push_str(&url_shown(&rest[start..end]));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
 }
 
 /// Whether a query parameter named `name` (percent-encoded as in the URL) holds a credential.
@@ -189,6 +217,19 @@ mod tests {
                 .to_string(),
             "it does not parse as a URL (invalid port number); it is not shown, as it may hold a password"
         );
+    }
+
+    #[test]
+    fn urls_inside_a_message_are_shown_redacted() {
+        assert_eq!(
+            urls_in("quotas: invalid type: string \"postgres://a:s3cret@db/q?password=s3cret\", expected struct Quotas"),
+            "quotas: invalid type: string \"postgres://a:***@db/q?password=***\", expected struct Quotas"
+        );
+        assert_eq!(
+            urls_in("x: \"redis://:s3cret@h:port/0\" and redis://h:1/0, sqlite://PATH)"),
+            "x: \"<not shown: it does not parse as a URL (invalid port number); it is not shown, as it may hold a password>\" and redis://h:1/0, sqlite://PATH)"
+        );
+        assert!(matches!(urls_in("no url: 5"), Cow::Borrowed("no url: 5")));
     }
 
     #[test]

@@ -107,6 +107,9 @@ impl Seen {
 struct Urls {
     redis: String,
     database: String,
+    /// `quotas: "URL"` instead of `quotas: { database: "URL" }`: a mistake serde reports
+    /// quoting the value it refused.
+    quotas_as_string: bool,
 }
 
 /// The gateway's config: a tier limiting the API key to 3 an hour, a route whose upstream
@@ -122,12 +125,15 @@ upstreams: {{ backend: ["{up}"], broken: ["127.0.0.1:{dead}"] }}
 routes:
   - {{ name: broken, match: {{ path_prefix: /broken }}, upstream: broken }}
   - {{ name: default, match: {{ path_prefix: / }}, upstream: backend }}
-quotas: {{ database: "{database}", refresh: 1s }}
+quotas: {quotas}
 admin: {{ token_env: {ENV_ADMIN} }}
 access_log: {{ path: "{log}" }}
 "#,
         redis = urls.redis,
-        database = urls.database,
+        quotas = match urls.quotas_as_string {
+            false => format!("{{ database: \"{}\", refresh: 1s }}", urls.database),
+            true => format!("\"{}\"", urls.database),
+        },
         up = up.addr,
         log = log.display(),
     )
@@ -171,7 +177,7 @@ async fn request(gw: &Gateway, route: &str, token: &str) -> u16 {
 }
 
 /// Config files whose URLs are wrong (one that does not parse, one of another scheme, one
-/// Redis refuses), each with the errors `check` must print (after `FILE: `).
+/// Redis refuses, one where a section should be), each with the errors `check` must print (after `FILE: `).
 fn wrong_urls(
     redis_port: u16,
     password: &str,
@@ -183,6 +189,7 @@ fn wrong_urls(
             Urls {
                 redis: format!("redis://:{password}@127.0.0.1:port/0"),
                 database: format!("mysql://tollgate:{PG_SECRET}@127.0.0.1/q?password={PG_SECRET}"),
+                quotas_as_string: false,
             },
             vec![
                 "store.url: not a Redis URL: it does not parse as a URL (invalid port number); \
@@ -200,10 +207,23 @@ fn wrong_urls(
                     "redis://:{password}@127.0.0.1:{redis_port}/db?password={PG_SECRET}"
                 ),
                 database: good.database.clone(),
+                quotas_as_string: false,
             },
             vec![format!(
                 "store.url: \"redis://:***@127.0.0.1:{redis_port}/db?password=***\" is not a \
                  Redis URL: Invalid database number - InvalidClientConfig"
+            )],
+        ),
+        (
+            "quotas-as-a-string",
+            Urls {
+                redis: good.redis.clone(),
+                database: good.database.clone(),
+                quotas_as_string: true,
+            },
+            vec![format!(
+                "quotas: invalid type: string \"{}\", expected struct Quotas",
+                good.database.replace(PG_SECRET, "***")
             )],
         ),
     ]
@@ -224,6 +244,7 @@ async fn no_secret_shows_in_any_output() {
     let good = Urls {
         redis: format!("redis://:{password}@127.0.0.1:{}/0", redis.port),
         database: format!("{}?password={PG_SECRET}", pg.url()),
+        quotas_as_string: false,
     };
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("access.log");
