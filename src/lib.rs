@@ -29,6 +29,7 @@ pub mod observe;
 pub mod path;
 pub mod proxy;
 pub mod quota;
+pub mod redact;
 pub mod refusal;
 pub mod route;
 pub mod server;

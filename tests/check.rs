@@ -11,7 +11,8 @@ const FIXTURES: &str = "tests/fixtures/config";
 /// Runs `tollgate check <path>` from the crate root, with a fixed environment for the JWT
 /// fixtures (TOLLGATE_TEST_JWT_SECRET set, TOLLGATE_TEST_EMPTY_SECRET empty,
 /// TOLLGATE_TEST_UNSET_SECRET absent) and the `${VAR}` fixtures (TOLLGATE_TEST_LIMIT=10,
-/// TOLLGATE_TEST_WORD=ten, TOLLGATE_TEST_UNSET_VAR absent), and no other TOLLGATE_ variable.
+/// TOLLGATE_TEST_WORD=ten, TOLLGATE_TEST_STRUCTURE="10, shadow: true",
+/// TOLLGATE_TEST_UNSET_VAR absent), and no other TOLLGATE_ variable.
 fn check(path: &str) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("TOLLGATE_")) {
@@ -23,6 +24,7 @@ fn check(path: &str) -> Output {
         .env("TOLLGATE_TEST_EMPTY_SECRET", "")
         .env("TOLLGATE_TEST_LIMIT", "10")
         .env("TOLLGATE_TEST_WORD", "ten")
+        .env("TOLLGATE_TEST_STRUCTURE", "10, shadow: true")
         .output()
         .expect("run tollgate check")
 }
@@ -266,6 +268,15 @@ fixtures! {
     ],
     env_default_is_validated => "env-default-is-validated.yaml": [
         r#"limits[0].window: "1x" is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)"#,
+    ],
+    env_value_that_adds_structure_is_refused => "env-value-adds-structure.yaml": [
+        r#"line 7 column 46: environment variable TOLLGATE_TEST_STRUCTURE holds ',', which would add YAML structure where ${TOLLGATE_TEST_STRUCTURE} stands (outside quotes): a value must stay one scalar (quoted, as "${TOLLGATE_TEST_STRUCTURE}", a string may hold spaces and , # : [ ] { })"#,
+    ],
+    redis_url_that_does_not_parse_is_not_shown => "redis-url-does-not-parse.yaml": [
+        "store.url: not a Redis URL: it does not parse as a URL (invalid port number); it is not shown, as it may hold a password",
+    ],
+    quotas_database_that_does_not_parse_is_not_shown => "quotas-database-does-not-parse.yaml": [
+        "quotas.database: not a PostgreSQL or SQLite URL (postgres://user@host/db, sqlite://PATH): it does not parse as a URL (invalid port number); it is not shown, as it may hold a password",
     ],
     admin_token_env_not_set => "admin-token-unset.yaml": [
         "admin.token_env: environment variable TOLLGATE_TEST_UNSET_SECRET is not set (it must hold the admin bearer token)",

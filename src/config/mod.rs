@@ -2,7 +2,7 @@
 //! runtime [`Config`] that every request reads through one [`arc_swap`] snapshot.
 //!
 //! This is the ground floor: it imports nothing of the crate but the pure [`crate::limit`]
-//! types. One file per section (`server`, `store`, `identity`, `tiers`, `routes`, `limits`,
+//! types and [`crate::redact`] (how a URL is shown in an error). One file per section (`server`, `store`, `identity`, `tiers`, `routes`, `limits`,
 //! `shedding`) holds the section's validated types and its validation; [`defaults`] holds
 //! every default; `document` puts a whole file together.
 //!
@@ -45,7 +45,7 @@ pub use limits::{
     MAX_KEY_PARTS, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,
 };
 pub use problem::{RateLimitedBody, QUOTA_EXCEEDED};
-pub use quotas::{redact_password, QuotaSettings};
+pub use quotas::QuotaSettings;
 pub use routes::{Route, RouteId, Upstream, UpstreamId, UpstreamTimeouts};
 pub use server::{EscapedSlashes, HttpSettings, PathNormalization, ServerSettings};
 pub use shedding::{Priority, Shedding, TestTraffic};
