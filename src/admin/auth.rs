@@ -87,6 +87,7 @@ mod tests {
         AdminSettings {
             token_hash: Some(blake3::hash(token.as_bytes())),
             token_env: Some("T".into()),
+            ..AdminSettings::default()
         }
     }
 

@@ -1,25 +1,49 @@
 //! `admin`: who may read the admin listener's pages. `token_env` names an environment
 //! variable holding a bearer token, read when the config is loaded; only its hash is kept.
+//! `max_connections` caps the admin listener's connections (read at start).
 
+use super::defaults;
 use super::errors::{secret_from_env, Errors};
 use super::raw;
 
 /// `admin`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdminSettings {
     /// BLAKE3 of the admin token (compared in constant time), or `None`: no token configured.
     pub token_hash: Option<blake3::Hash>,
     /// The environment variable it came from, for messages.
     pub token_env: Option<String>,
+    /// Connections the admin listener holds at most, so that it cannot take the file
+    /// descriptors the proxy needs. Read at start; a reload's value applies on restart.
+    pub max_connections: usize,
+}
+
+impl Default for AdminSettings {
+    fn default() -> AdminSettings {
+        AdminSettings {
+            token_hash: None,
+            token_env: None,
+            max_connections: defaults::ADMIN_MAX_CONNECTIONS,
+        }
+    }
 }
 
 pub(super) fn validate(errs: &mut Errors, r: raw::Admin) -> AdminSettings {
+    let max_connections = r
+        .max_connections
+        .map_or(defaults::ADMIN_MAX_CONNECTIONS, |n| {
+            errs.at_least_one("admin.max_connections", n, defaults::ADMIN_MAX_CONNECTIONS)
+        });
     let Some(var) = r.token_env else {
-        return AdminSettings::default();
+        return AdminSettings {
+            max_connections,
+            ..AdminSettings::default()
+        };
     };
     let token = secret_from_env(errs, "admin.token_env", &var, "the admin bearer token");
     AdminSettings {
         token_hash: token.map(|t| blake3::hash(t.as_bytes())),
         token_env: Some(var),
+        max_connections,
     }
 }

@@ -249,6 +249,8 @@ pub struct AccessLog {
 pub struct Admin {
     /// The environment variable that holds the admin bearer token.
     pub token_env: Option<String>,
+    /// Connections the admin listener holds at most.
+    pub max_connections: Option<usize>,
 }
 
 // ---- end observability ----
