@@ -250,6 +250,45 @@ async fn each_head_of_a_keepalive_connection_is_counted_from_its_start_and_bodie
     }
 }
 
+/// A request whose head is `size` bytes, sent in [`LINE`] pieces: its answer (`None`: closed
+/// without one).
+async fn head_of(addr: SocketAddr, size: usize) -> Option<RawResp> {
+    let start = "GET /sized HTTP/1.1\r\nHost: t\r\nConnection: close\r\n";
+    let mut head = start.as_bytes().to_vec();
+    let mut i = 0;
+    while head.len() + LINE + 2 <= size {
+        head.extend(pad_line(i, LINE));
+        i += 1;
+    }
+    head.extend(pad_line(i, size - head.len() - 2));
+    head.extend_from_slice(b"\r\n");
+    assert_eq!(head.len(), size);
+    let mut c = RawConn::connect(addr).await;
+    for piece in head.chunks(LINE) {
+        if c.send(piece).await.is_err() {
+            break;
+        }
+    }
+    c.read_response().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_moves_the_head_limit_of_the_connections() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&config(&up, "")).await;
+    let big = 100 * 1024;
+    assert_eq!(head_of(gw.listen, big).await.map(|r| r.status), Some(431));
+    gw.replace_config(&config(
+        &up,
+        "server: { max_request_header_bytes: 131072 }\n",
+    ));
+    gw.sighup();
+    gw.wait_generation(1, Duration::from_secs(10)).await;
+    assert_eq!(head_of(gw.listen, big).await.map(|r| r.status), Some(200));
+    let r = head_of(gw.listen, 131_073).await.expect("an answer");
+    r.problem(431);
+}
+
 /// Raise this test process's own open-file limit, so it can hold the client side of many
 /// connections.
 fn raise_own_open_files(at_least: u64) {

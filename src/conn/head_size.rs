@@ -4,6 +4,8 @@
 //! takes the head past `server.max_request_header_bytes` holds its end, if the head ends within
 //! the limit, and any later read of the same head is past the limit. Only such a read (at most
 //! one per head, and none for a head within the limit) is scanned, and only up to the limit.
+//!
+//! Phase: connection, while a head arrives (only a read that takes it past the limit).
 
 /// Whether a head that has `room` bytes left within the limit ends in `read`, the bytes just
 /// read: an empty line (`\n\n` or `\n\r\n`, as the parser accepts bare `\n` line ends) whose
