@@ -408,3 +408,23 @@ async fn an_admin_connection_is_closed_after_the_head_and_keepalive_timeouts() {
         })
         .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_cap_the_open_file_limit_cannot_hold_is_warned_about() {
+    let up = Upstream::start().await;
+    let wrapper = ["prlimit", "--nofile=256:256", "--"];
+    let extra = "server: { max_connections: 1000 }\nadmin: { max_connections: 8 }\n";
+    let gw = Gateway::start_under(&wrapper, "fd-warning", &config(&up, extra), &[]).await;
+    gw.wait_output(
+        "need an open-file limit of 1072, above this one: raise it (ulimit -n, systemd's \
+         LimitNOFILE) or lower server.max_connections to 184",
+        Duration::from_secs(5),
+    )
+    .await;
+    let r = one(
+        gw.admin,
+        "GET /stats HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.json()["connections"]["max"], 1000, "kept as configured");
+}
