@@ -27,8 +27,10 @@
 //! [`ConnState::of`]: `early_request_filter` marks it busy, `logging` idle.
 //!
 //! Phase: connection, before, between and after requests. The per-request cost is a few
-//! atomic loads and stores and one compare-exchange (a head's start); the registry's mutex is
-//! taken on connect and close only, and scanned only at the cap, by `/stats` and at shutdown.
+//! atomic loads and stores and one compare-exchange (a head's start), and an addition and a
+//! comparison per read of a head (its size); a head is scanned for its end only by the read
+//! that takes it past the limit. The registry's mutex is taken on connect and close only, and
+//! scanned only at the cap, by `/stats` and at shutdown.
 
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -60,8 +60,8 @@ impl Tracked {
 
     /// Wait, at most until the head's deadline, for the first byte of the first request
     /// (peeked: Pingora reads it again); then the connection has a head arriving, a request in
-    /// flight. `false` when the client closed or sent nothing in time.
-    /// In the admin table a connection may be closed meanwhile to make room ([`ConnState::kill`]).
+    /// flight. `false` when the client closed or sent nothing in time, or (in the admin table)
+    /// the connection was closed meanwhile to make room ([`ConnState::kill`]).
     pub(super) async fn first_byte(&mut self) -> bool {
         let state = &self.state;
         let deadline_ms = state.deadline_ms.load(Ordering::Acquire);
