@@ -93,7 +93,8 @@ pub struct ConnStats {
     pub heads_too_large: AtomicU64,
 }
 
-/// Every connection of the proxy listener.
+/// Every connection of one listener: the proxy's, or the admin listener's
+/// ([`Connections::admin`]).
 #[derive(Debug)]
 pub struct Connections {
     cap: usize,
@@ -440,5 +441,28 @@ mod tests {
         assert_eq!(table.in_flight(), 2);
         table.close(&b);
         assert_eq!((table.in_flight(), table.fresh(), table.open()), (1, 0, 1));
+    }
+
+    /// At the cap the proxy's table refuses a new connection while the others have sent
+    /// nothing; the admin table closes the oldest of them instead.
+    #[test]
+    fn at_the_cap_only_the_admin_table_closes_a_silent_connection() {
+        let proxy = Connections::new(2, Duration::from_secs(5), 65_536);
+        let (_a, _b) = (proxy.admit(None).unwrap(), proxy.admit(None).unwrap());
+        assert!(proxy.admit(None).is_none());
+        let admin = Connections::admin(2, Duration::from_secs(5), 65_536);
+        let a = admin.admit(None).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let b = admin.admit(None).unwrap();
+        b.head_started();
+        let c = admin.admit(None).expect("the silent one made room");
+        c.head_started();
+        assert_eq!(a.phase.load(Ordering::Acquire), KILLED);
+        assert_eq!(
+            b.phase.load(Ordering::Acquire),
+            HEAD,
+            "a head arriving is kept"
+        );
+        assert!(admin.admit(None).is_none(), "no silent or idle one left");
     }
 }
