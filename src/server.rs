@@ -18,8 +18,8 @@ use pingora_core::services::listening::Service;
 
 use crate::admin::Admin;
 use crate::config::reload::ConfigHandle;
-use crate::config::{defaults, ServerSettings};
-use crate::conn::{Connections, Guard};
+use crate::config::ServerSettings;
+use crate::conn::{proxy_cap, Connections, Guard, Phased};
 use crate::demo::DemoUpstream;
 use crate::lifecycle::{raise_open_files, Lifecycle};
 use crate::limit::{Clock, SystemClock};
@@ -113,6 +113,8 @@ pub fn pingora_conf(s: &ServerSettings) -> ServerConf {
 
 struct Maintenance {
     config: Arc<ConfigHandle>,
+    /// The proxy's and the admin listener's connections: a reload sets their head size.
+    conns: [Arc<Connections>; 2],
     store: Arc<Store>,
     quotas: Option<Arc<Quotas>>,
 }
@@ -148,6 +150,9 @@ impl BackgroundService for Maintenance {
                     // A reload that changed limits drops their cached denials, everywhere.
                     let next = self.config.snapshot();
                     if !Arc::ptr_eq(&next, &config) {
+                        for conns in &self.conns {
+                            conns.set_max_head(next.http.max_request_header_bytes);
+                        }
                         let changed = changed_limits(&config, &next);
                         if !changed.is_empty() {
                             store.invalidate(Invalidation::Limits(changed)).await;
@@ -166,14 +171,6 @@ impl BackgroundService for Maintenance {
             let _ = q.await;
         }
     }
-}
-
-/// The connection cap: `server.max_connections`, or 90% of the open-file limit.
-fn connection_cap(s: &ServerSettings, open_files: Option<u64>) -> usize {
-    s.max_connections.unwrap_or_else(|| {
-        let files = open_files.unwrap_or(1024) as f64;
-        ((files * defaults::MAX_CONNECTIONS_SHARE) as usize).max(1)
-    })
 }
 
 /// Run the gateway until the shutdown sequence ends it (see [`crate::lifecycle`]).
@@ -196,7 +193,11 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
 
     let store = Arc::new(Store::new(&cfg.startup.store).map_err(StartError::Store)?);
     let shedder = Shedder::leaked();
-    let conns = Connections::new(connection_cap(s, open_files), s.header_timeout);
+    let admin_cap = cfg.admin.max_connections;
+    let cap = proxy_cap(s.max_connections, admin_cap, open_files);
+    let max_head = cfg.http.max_request_header_bytes;
+    let conns = Connections::new(cap, s.header_timeout, max_head);
+    let admin_conns = Connections::admin(admin_cap, s.header_timeout, max_head);
     let lifecycle = Lifecycle::new(conns.clone(), s.drain_period, s.grace_period);
     let quotas = cfg.startup.quotas.clone().map(Quotas::new);
     let observer = observer(&config, &store, shedder, &lifecycle, &quotas)?;
@@ -227,6 +228,7 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
         quotas: quotas.clone(),
         sessions: Default::default(),
     };
+    let admin = Guard::new(Phased::new(admin, config.clone()), admin_conns.clone());
     let mut admin = Service::new("tollgate admin".to_string(), admin);
     admin.add_tcp(&s.admin_listen.to_string());
 
@@ -234,6 +236,7 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
         "tollgate maintenance",
         Maintenance {
             config,
+            conns: [conns.clone(), admin_conns],
             store,
             quotas,
         },
@@ -280,6 +283,7 @@ fn log_start(cfg: &crate::config::Config, max_connections: usize, upgrade: bool)
         store = %cfg.startup.store.backend,
         quotas = cfg.startup.quotas.as_ref().map_or("none", |q| q.backend_name()),
         max_connections,
+        admin_max_connections = cfg.admin.max_connections,
         upgrade,
         "tollgate starting"
     );

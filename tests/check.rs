@@ -281,6 +281,9 @@ fixtures! {
     admin_token_env_not_set => "admin-token-unset.yaml": [
         "admin.token_env: environment variable TOLLGATE_TEST_UNSET_SECRET is not set (it must hold the admin bearer token)",
     ],
+    admin_max_connections_zero => "admin-max-connections-zero.yaml": [
+        "admin.max_connections: must be at least 1",
+    ],
     bad_access_log => "bad-access-log.yaml": [
         r#"access_log.format: "xml" is not an access-log format (text, json)"#,
         "access_log.sample: 1.5 must be greater than 0 and at most 1",

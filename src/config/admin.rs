@@ -2,12 +2,14 @@
 //! variable holding a bearer token, read when the config is loaded; only its hash is kept.
 //! `allowed_hosts` names the host names the admin listener answers to besides IP literals and
 //! `localhost` (a DNS-rebinding defence: a page on another name gets 421).
+//! `max_connections` caps the admin listener's connections (read at start).
 
+use super::defaults;
 use super::errors::{secret_from_env, Errors};
 use super::raw;
 
 /// `admin`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdminSettings {
     /// BLAKE3 of the admin token (compared in constant time), or `None`: no token configured.
     pub token_hash: Option<blake3::Hash>,
@@ -15,13 +17,33 @@ pub struct AdminSettings {
     pub token_env: Option<String>,
     /// `allowed_hosts`, lowercase and without a trailing dot.
     pub allowed_hosts: Vec<String>,
+    /// Connections the admin listener holds at most, so that it cannot take the file
+    /// descriptors the proxy needs. Read at start; a reload's value applies on restart.
+    pub max_connections: usize,
+}
+
+impl Default for AdminSettings {
+    fn default() -> AdminSettings {
+        AdminSettings {
+            token_hash: None,
+            token_env: None,
+            allowed_hosts: Vec::new(),
+            max_connections: defaults::ADMIN_MAX_CONNECTIONS,
+        }
+    }
 }
 
 pub(super) fn validate(errs: &mut Errors, r: raw::Admin) -> AdminSettings {
     let allowed_hosts = allowed_hosts(errs, r.allowed_hosts.unwrap_or_default());
+    let max_connections = r
+        .max_connections
+        .map_or(defaults::ADMIN_MAX_CONNECTIONS, |n| {
+            errs.at_least_one("admin.max_connections", n, defaults::ADMIN_MAX_CONNECTIONS)
+        });
     let Some(var) = r.token_env else {
         return AdminSettings {
             allowed_hosts,
+            max_connections,
             ..AdminSettings::default()
         };
     };
@@ -30,6 +52,7 @@ pub(super) fn validate(errs: &mut Errors, r: raw::Admin) -> AdminSettings {
         token_hash: token.map(|t| blake3::hash(t.as_bytes())),
         token_env: Some(var),
         allowed_hosts,
+        max_connections,
     }
 }
 

@@ -257,6 +257,8 @@ pub struct Admin {
     pub token_env: Option<String>,
     /// Host names the admin listener answers to, besides IP literals and `localhost`.
     pub allowed_hosts: Option<Vec<String>>,
+    /// Connections the admin listener holds at most.
+    pub max_connections: Option<usize>,
 }
 
 // ---- end observability ----
