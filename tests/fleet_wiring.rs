@@ -1,20 +1,28 @@
 //! The shipped fleet files (`docker/fleet.sh` on `docker/haproxy.cfg` and `docker/gateway.yaml`,
-//! the files compose uses) against a Redis outage (issue 39, "Fleet wiring"):
+//! the files compose uses) against a Redis outage and a client that forges its address
+//! (issue 39, "Fleet wiring"):
 //!
 //! - Redis killed (-9) under steady load through HAProxy, gateways on `on_error: allow`: the
 //!   gateways stay in the balancer's rotation (readiness means "this instance can serve", not
 //!   "the store answers"), so at least 99% of the requests sent in the next 15 s get a
 //!   gateway's answer (200, with HAProxy's `X-Tollgate-Gateway`), not the balancer's 503; and
 //!   each gateway's `/readyz` still says that the store is unreachable.
+//! - A client that sends a different forged `X-Forwarded-For` with every request is counted
+//!   as the one client it is: through the balancer (which overwrites the header with the
+//!   connection's source) a per-IP limit of N admits exactly N of 3N such requests, and
+//!   straight to a gateway (which trusts only the balancer's address) the forged header is
+//!   ignored too.
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use common::clock::clear_of_window_boundary;
 use common::fleet::Fleet;
 use common::http::{client, get};
 use common::load::{by_status, Load, Reply};
+use common::upstream::Stats;
 
 /// Which gateway answered, as HAProxy tells (`X-Tollgate-Gateway`); `None` when HAProxy
 /// answered itself (no server available) or there was no answer.
@@ -29,6 +37,14 @@ fn count_by_gateway<'a>(replies: impl IntoIterator<Item = &'a Reply>) -> BTreeMa
             .or_default() += 1;
     }
     m
+}
+
+async fn upstream_stats(fleet: &Fleet) -> Stats {
+    common::http::get_json(
+        &client(),
+        &format!("http://{}/__demo/stats", fleet.upstream),
+    )
+    .await
 }
 
 /// How long after the kill the requests are counted.
@@ -115,4 +131,73 @@ async fn a_redis_outage_keeps_the_gateways_in_the_balancers_rotation() {
             g.name
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_forwarded_for_values_from_one_client_count_as_that_client() {
+    const N: usize = 10;
+    // The anonymous per-IP limit (docker/gateway.yaml's `per-ip`, 1 minute) is N; a failed
+    // store call shows as a 503, not as an unchecked admission.
+    let limit = N.to_string();
+    let fleet = Fleet::start(&[
+        ("TOLLGATE_ANONYMOUS_LIMIT", &limit),
+        ("TOLLGATE_STORE_TIMEOUT", "5s"),
+        ("TOLLGATE_ON_ERROR", "deny"),
+    ])
+    .await;
+    for g in ["gateway-1", "gateway-2"] {
+        fleet.wait_lb_status(g, "UP", Duration::from_secs(10)).await;
+    }
+    clear_of_window_boundary(60, 20).await;
+
+    // 3N requests through the balancer, each with another forged client address.
+    let forged = |conn: usize, n: usize| {
+        vec![(
+            "x-forwarded-for".to_string(),
+            format!("198.51.100.{}", 1 + conn * N + n),
+        )]
+    };
+    let replies = Load::new(&fleet.url("/who"))
+        .conns(3)
+        .headers(forged)
+        .run(N)
+        .await;
+    assert_eq!(replies.len(), 3 * N);
+    let statuses = by_status(&replies);
+    assert_eq!(
+        statuses,
+        BTreeMap::from([(200, N as u64), (429, 2 * N as u64)]),
+        "one client, however many addresses it claims: exactly {N} of {} admitted",
+        3 * N
+    );
+    let by_gateway = count_by_gateway(&replies);
+    assert!(
+        by_gateway.contains_key("gateway-1") && by_gateway.contains_key("gateway-2"),
+        "both gateways counted the one client on the one counter: {by_gateway:?}"
+    );
+
+    // Straight to a gateway, bypassing the balancer: the peer is not the balancer, so the
+    // forged header is not believed either, and the client's spent counter denies.
+    let c = client();
+    for (i, g) in fleet.gateways.iter().enumerate() {
+        for n in 0..N {
+            let xff = format!("203.0.113.{}", 1 + i * N + n);
+            let r = get(
+                &c,
+                &format!("http://{}/who", g.listen),
+                &[("x-forwarded-for", &xff)],
+            )
+            .await;
+            assert_eq!(
+                r.status, 429,
+                "{} with X-Forwarded-For {xff}: {r:#?}",
+                g.name
+            );
+        }
+    }
+    assert_eq!(
+        upstream_stats(&fleet).await.requests,
+        N as u64,
+        "the upstream saw exactly the admitted requests"
+    );
 }
