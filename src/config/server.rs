@@ -1,6 +1,6 @@
 //! `server`: what is read once at start ([`ServerSettings`]: listeners, threads, connection
-//! limits, shutdown) and what every request reads from its snapshot and a reload changes
-//! ([`HttpSettings`]: keep-alive, head, URI and body size limits, path normalization).
+//! limits, shutdown, readiness) and what every request reads from its snapshot and a reload
+//! changes ([`HttpSettings`]: keep-alive, head, URI and body size limits, path normalization).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
