@@ -556,6 +556,30 @@ mod tests {
         );
     }
 
+    /// The fleet's balancer (127.0.0.2) in front of a client on 127.0.0.1 that claims to be
+    /// 198.51.100.7: trusting only the balancer's address, the client is the balancer's
+    /// own entry whether the balancer overwrote the header (`docker/haproxy.cfg`) or appended
+    /// to the client's; trusting the client's address too (a whole range), an appended
+    /// header hands the choice to the client.
+    #[test]
+    fn only_the_balancers_own_entry_counts_when_only_the_balancer_is_trusted() {
+        let lb: IpAddr = "127.0.0.2".parse().unwrap();
+        let narrow = nets(&["127.0.0.2/32"]);
+        let overwritten = h(&["127.0.0.1"]);
+        let appended = h(&["198.51.100.7, 127.0.0.1"]);
+        assert_eq!(
+            client_ip(lb, &overwritten, &narrow).to_string(),
+            "127.0.0.1"
+        );
+        assert_eq!(client_ip(lb, &appended, &narrow).to_string(), "127.0.0.1");
+        let wide = nets(&["127.0.0.0/8"]);
+        assert_eq!(client_ip(lb, &overwritten, &wide).to_string(), "127.0.0.1");
+        assert_eq!(client_ip(lb, &appended, &wide).to_string(), "198.51.100.7");
+        // Straight to the gateway, not through the balancer: the header is not read.
+        let client: IpAddr = "127.0.0.1".parse().unwrap();
+        assert_eq!(client_ip(client, &appended, &narrow), client);
+    }
+
     #[test]
     fn bearer_prefix_is_optional_and_case_insensitive() {
         assert_eq!(strip_bearer("Bearer abc"), "abc");

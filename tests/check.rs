@@ -139,6 +139,9 @@ fixtures! {
     host_with_port => "host-with-port.yaml": [
         r#"routes[0].match.host: "api.example.com:8443" must be a host name without scheme, port or path"#,
     ],
+    bad_ready_requires_store => "bad-ready-requires-store.yaml": [
+        r#"server.ready_requires_store: invalid type: string "sometimes", expected a boolean"#,
+    ],
     bad_trusted_proxy => "bad-trusted-proxy.yaml": [
         r#"identity.trusted_proxies[1]: "10.0.0.0/33" is not an IP address or CIDR network"#,
     ],

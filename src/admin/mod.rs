@@ -15,8 +15,11 @@
 //! `Content-Security-Policy` (`frame-ancestors 'none'`), `X-Frame-Options: DENY` and
 //! `X-Content-Type-Options: nosniff`.
 //!
-//! Phase: its own listener, never on the proxy path. `/readyz` answers 200 only while a
-//! config is loaded and the store answers.
+//! Phase: its own listener, never on the proxy path. `/readyz` answers 200 while the gateway
+//! can serve: a config is loaded (always, once this listener runs), its listeners are up
+//! (Pingora binds the proxy's with this one; `tollgate` refuses to start when either address
+//! is taken) and it is not draining; also while the store is unreachable, unless
+//! `server.ready_requires_store`. Its body reports the store and the quota source either way.
 
 mod api;
 pub mod auth;
@@ -130,22 +133,40 @@ impl Admin {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// `GET /readyz`: 200 while this gateway can serve (its config is loaded, its listeners
+    /// are up, it is not draining), 503 otherwise. The store's state does not decide unless
+    /// `server.ready_requires_store`: every limit has an `on_error` policy that answers while
+    /// the store is down, and a store outage must not take every gateway out of the
+    /// balancer's rotation at once. The body says how the store and the quota source are.
     async fn readyz(&self) -> Response<Vec<u8>> {
         let cfg = self.config.snapshot();
         let draining = self.lifecycle.stopping();
+        let requires_store = cfg.startup.server.ready_requires_store;
         // While draining, the store is not asked: the answer is 503 whatever it says.
-        let store_ok = !draining && self.store.ready().await;
-        let status = if store_ok { 200 } else { 503 };
-        let store = match (draining, store_ok) {
-            (true, _) => "not checked: draining",
-            (false, true) => "ok",
-            (false, false) => "unreachable",
+        let store_ok = if draining {
+            None
+        } else {
+            Some(self.store.ready().await)
+        };
+        let reason = match (draining, store_ok) {
+            (true, _) => Some("draining"),
+            (false, Some(false)) if requires_store => {
+                Some("the store is unreachable (server.ready_requires_store)")
+            }
+            _ => None,
+        };
+        let store = match store_ok {
+            None => "not checked: draining",
+            Some(true) => "ok",
+            Some(false) => "unreachable",
         };
         json_response(
-            status,
+            if reason.is_none() { 200 } else { 503 },
             json!({
-                "status": if store_ok { "ready" } else { "not ready" },
+                "status": if reason.is_none() { "ready" } else { "not ready" },
+                "reason": reason,
                 "draining": draining,
+                "ready_requires_store": requires_store,
                 "config": cfg.source,
                 "config_generation": self.generation(),
                 "store": store,

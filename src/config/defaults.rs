@@ -36,6 +36,9 @@ pub const PATH_NORMALIZATION: PathNormalization = PathNormalization::Normalize;
 pub const ESCAPED_SLASHES: EscapedSlashes = EscapedSlashes::Keep;
 /// HTTP/1 header names forwarded titled or lowercase, not as they arrived.
 pub const PRESERVE_HEADER_CASE: bool = false;
+/// Readiness does not follow the store: a gateway serves by its limits' `on_error` policies
+/// while the store is unreachable, and a balancer should keep sending it traffic.
+pub const READY_REQUIRES_STORE: bool = false;
 
 // admin
 /// Connections the admin listener holds at most (`admin.max_connections`).

@@ -145,6 +145,10 @@ impl Startup {
                 "server.preserve_header_case",
                 a.preserve_header_case != b.preserve_header_case,
             ),
+            (
+                "server.ready_requires_store",
+                a.ready_requires_store != b.ready_requires_store,
+            ),
             ("store.backend", s.backend != t.backend),
             ("store.url/cluster_nodes/sentinel", s.redis != t.redis),
             ("store.timeout", s.timeout != t.timeout),

@@ -40,6 +40,8 @@ pub struct Server {
     pub upgrade_sock: Option<String>,
     /// Forward HTTP/1 header names with the case they arrived in; defaults to `false`.
     pub preserve_header_case: Option<bool>,
+    /// `/readyz` answers 503 while the store is unreachable; defaults to `false`.
+    pub ready_requires_store: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

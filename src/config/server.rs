@@ -1,6 +1,6 @@
 //! `server`: what is read once at start ([`ServerSettings`]: listeners, threads, connection
-//! limits, shutdown) and what every request reads from its snapshot and a reload changes
-//! ([`HttpSettings`]: keep-alive, head, URI and body size limits, path normalization).
+//! limits, shutdown, readiness) and what every request reads from its snapshot and a reload
+//! changes ([`HttpSettings`]: keep-alive, head, URI and body size limits, path normalization).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -48,6 +48,14 @@ pub struct ServerSettings {
     /// (`loadtest/log/2026-11-26-four-framework-cuts.md`). For clients or upstreams that
     /// wrongly depend on case.
     pub preserve_header_case: bool,
+    /// `/readyz` answers 503 while the store is unreachable (`true`), or (`false`, the
+    /// default) only while the gateway cannot serve: it is draining. Every limit has an
+    /// `on_error` policy that answers while the store is down, so a store outage taking every
+    /// gateway out of the balancer's rotation at once would turn it into a total outage; the
+    /// store's state stays in `/readyz`'s body, in the metrics and in the alerts. For a fleet
+    /// where a gateway without its store should get no traffic (another fleet with a healthy
+    /// store takes it).
+    pub ready_requires_store: bool,
 }
 
 words! {
@@ -183,6 +191,9 @@ pub(super) fn validate(
         preserve_header_case: r
             .preserve_header_case
             .unwrap_or(defaults::PRESERVE_HEADER_CASE),
+        ready_requires_store: r
+            .ready_requires_store
+            .unwrap_or(defaults::READY_REQUIRES_STORE),
     };
     (server, http)
 }

@@ -172,6 +172,32 @@ fn header_case_is_discarded_unless_preserved_and_is_a_startup_setting() {
 }
 
 #[test]
+fn readiness_follows_the_store_only_when_asked_and_that_is_a_startup_setting() {
+    let requires = |server: &str| {
+        check(&format!("{MIN}server: {{ {server} }}\n"))
+            .map(|c| c.startup.server.ready_requires_store)
+    };
+    assert_eq!(requires("threads: 1"), Ok(false));
+    assert_eq!(requires("ready_requires_store: true"), Ok(true));
+    assert_eq!(requires("ready_requires_store: false"), Ok(false));
+    let err = requires("ready_requires_store: sometimes")
+        .unwrap_err()
+        .join("\n");
+    assert!(
+        err.contains(
+            "server.ready_requires_store: invalid type: string \"sometimes\", expected a boolean"
+        ),
+        "{err}"
+    );
+    let a = check(&format!("{MIN}server: {{ ready_requires_store: true }}\n")).unwrap();
+    let b = check(MIN).unwrap();
+    assert_eq!(
+        a.startup.changes(&b.startup),
+        ["server.ready_requires_store"]
+    );
+}
+
+#[test]
 fn the_upstream_keepalive_pool_defaults_to_1024_per_thread_and_is_a_startup_setting() {
     let pool = |server: &str| {
         check(&format!("{MIN}server: {{ {server} }}\n"))
