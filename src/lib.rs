@@ -34,3 +34,4 @@ pub mod route;
 pub mod server;
 pub mod shed;
 pub mod store;
+pub mod upgrade;
