@@ -3,8 +3,8 @@
 //! default is in a directory only the gateway's user may enter: `$XDG_RUNTIME_DIR/tollgate`,
 //! `/run/tollgate` when run as root, or else `tollgate-<uid>` in the temp directory. The
 //! directory is made mode 0700 and checked at start (a directory, not a symbolic link, owned by
-//! this user, open to nobody else); a gateway whose default directory fails the check does not
-//! start. Pingora (patched, `patches/README.md`) binds the socket 0600 and, on both sides,
+//! this user, writable by nobody else); a gateway whose default directory fails the check does
+//! not start. Pingora (patched, `patches/README.md`) binds the socket 0600 and, on both sides,
 //! exchanges nothing with a process of another uid, wherever the socket is.
 //!
 //! Phase: startup. Nothing here runs per request.
@@ -72,8 +72,9 @@ pub fn prepare(s: &ServerSettings) -> Result<(), UpgradeDirError> {
     check_private(&dir, own_uid())
 }
 
-/// `dir` is a directory (not a symbolic link), owned by `uid`, with no access for group or
-/// others.
+/// `dir` is a directory (not a symbolic link), owned by `uid`, that no one else may write to
+/// (so no one else can bind, remove or replace a socket in it). It is made 0700; an existing
+/// one may let others read it (0755).
 pub fn check_private(dir: &Path, uid: u32) -> Result<(), UpgradeDirError> {
     let not_private = |why: String| UpgradeDirError::NotPrivate {
         dir: dir.to_path_buf(),
@@ -92,10 +93,10 @@ pub fn check_private(dir: &Path, uid: u32) -> Result<(), UpgradeDirError> {
             meta.uid()
         )));
     }
-    let mode = meta.mode() & 0o777;
-    if mode & 0o077 != 0 {
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
         return Err(not_private(format!(
-            "its mode is {mode:04o}; only its owner may have access (0700)"
+            "its mode is {mode:04o}; only its owner may write to it (0700 or 0755)"
         )));
     }
     Ok(())
@@ -146,8 +147,12 @@ mod tests {
             "{err}"
         );
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let err = check_private(&dir, uid).unwrap_err().to_string();
-        assert!(err.contains("its mode is 0755"), "{err}");
+        check_private(&dir, uid).expect("others may read, not write");
+        for mode in [0o775, 0o757, 0o1777] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            let err = check_private(&dir, uid).unwrap_err().to_string();
+            assert!(err.contains(&format!("its mode is {mode:04o}")), "{err}");
+        }
         let link = t.path().join("link");
         std::os::unix::fs::symlink(&dir, &link).expect("symlink");
         let err = check_private(&link, uid).unwrap_err().to_string();
