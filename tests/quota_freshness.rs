@@ -207,9 +207,9 @@ async fn readyz_says_whether_the_overrides_are_loaded_how_old_they_are_and_if_ch
     )
     .await;
     assert_eq!(q["state"], "loaded", "{q}");
-    // Reloaded every second: never older than the refresh and the one being made.
+    // Reloaded every second: a few seconds old at most (whole seconds, rounded down).
     let age = q["age_s"].as_i64().unwrap_or_else(|| panic!("age_s: {q}"));
-    assert!((0..=2).contains(&age), "{q}");
+    assert!((0..=5).contains(&age), "{q}");
     assert_eq!(q["overrides"], 0, "{q}");
 
     pg.stop();
@@ -250,6 +250,9 @@ async fn readyz_says_whether_the_overrides_are_loaded_how_old_they_are_and_if_ch
             |q| q["listening"] == true && q["stale_since"].is_null() && q["loaded"] == true,
         )
         .await;
-        assert!(q["age_s"].as_i64().is_some_and(|a| a <= 2), "{q}");
+        assert!(
+            q["age_s"].as_i64().is_some_and(|a| (0..=5).contains(&a)),
+            "{q}"
+        );
     }
 }
