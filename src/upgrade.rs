@@ -58,9 +58,20 @@ pub fn sock_path(s: &ServerSettings) -> PathBuf {
 }
 
 /// Make the default directory (mode 0700) unless it exists, and check that it is private. A
-/// configured `server.upgrade_sock` is left as it is (the peer checks still hold there).
+/// configured `server.upgrade_sock` is used as it is (the peer checks still hold there), with a
+/// warning when others may write to its directory.
 pub fn prepare(s: &ServerSettings) -> Result<(), UpgradeDirError> {
-    if s.upgrade_sock.is_some() {
+    if let Some(sock) = &s.upgrade_sock {
+        if let Some(dir) = sock.parent() {
+            if let Err(UpgradeDirError::NotPrivate { why, .. }) = check_private(dir, own_uid()) {
+                tracing::warn!(
+                    "server.upgrade_sock {}: its directory is not private ({why}); another user \
+                     may bind the path first, and the upgrade then fails (no listening socket is \
+                     handed to another user): use a directory only this user may write to",
+                    sock.display()
+                );
+            }
+        }
         return Ok(());
     }
     let dir = default_dir();

@@ -219,6 +219,11 @@ async fn a_socket_another_user_bound_at_the_upgrade_path_never_receives_the_list
     let path: PathBuf = shared.path().join("upgrade.sock");
     let yaml = config(&up, &format!("upgrade_sock: \"{}\"", path.display()));
     let old = Gateway::start_named("old", &yaml, &[], &[]).await;
+    let warning = format!(
+        "server.upgrade_sock {}: its directory is not private (its mode is 1777;",
+        path.display()
+    );
+    assert!(old.output().contains(&warning), "{}", old.output());
     let thief = as_nobody("nobody's listener", THIEF, &path);
     wait_output(&thief, "listening", Duration::from_secs(10)).await;
     let meta = std::fs::symlink_metadata(&path).expect("bound");
