@@ -24,6 +24,7 @@ if [ "$mode" != "--build-only" ]; then
   ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
   command -v psql >/dev/null || need+=(postgresql-client)
   command -v setpriv >/dev/null || need+=(util-linux)
+  [ -x /usr/bin/python3 ] || need+=(python3)   # tests/upgrade_sock.rs runs it as nobody
   command -v promtool >/dev/null || need+=(prometheus)
   command -v chromium >/dev/null || need+=(chromium)
   python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)

@@ -35,3 +35,4 @@ pub mod route;
 pub mod server;
 pub mod shed;
 pub mod store;
+pub mod upgrade;

@@ -42,6 +42,8 @@ pub enum StartError {
     Store(crate::store::StoreError),
     #[error("cannot open the access log: {0}")]
     AccessLog(std::io::Error),
+    #[error("{0}")]
+    UpgradeDir(#[from] crate::upgrade::UpgradeDirError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         addr: SocketAddr,
@@ -64,11 +66,9 @@ fn check_bind(addr: SocketAddr, what: &'static str) -> Result<(), StartError> {
 }
 
 /// The Unix socket an upgrading process takes the listening sockets over through: the
-/// configured one, or one per proxy port, so two gateways on one host never share it.
+/// configured one, or one per proxy port in a private directory ([`crate::upgrade`]).
 pub fn upgrade_sock(s: &ServerSettings) -> PathBuf {
-    s.upgrade_sock.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("tollgate-{}.upgrade.sock", s.listen.port()))
-    })
+    crate::upgrade::sock_path(s)
 }
 
 /// Pingora's options for the proxy's HTTP sessions (`examples/bare_pingora` runs on them too):
@@ -182,6 +182,7 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
         check_bind(s.listen, "server.listen")?;
         check_bind(s.admin_listen, "server.admin_listen")?;
     }
+    crate::upgrade::prepare(s)?;
     let open_files = raise_open_files();
     let opt = Opt {
         upgrade: opts.upgrade,

@@ -19,7 +19,7 @@ use super::{json_response, usage, view, Admin};
 use crate::config::Config;
 use crate::fingerprint::{fingerprint, KeyHash};
 use crate::quota::model::{AuditEntry, PutBody};
-use crate::quota::{self, Db, Lookup, Quotas};
+use crate::quota::{self, Change, Db, Lookup, Quotas};
 use crate::store::Invalidation;
 use http::Response;
 
@@ -260,6 +260,8 @@ impl Admin {
         if let Err(e) = db.put(&next, &entry).await {
             return db_error(&e);
         }
+        // In force here before the answer; other gateways hear of it (NOTIFY or their refresh).
+        quotas.apply(Change::Put(next)).await;
         quotas.changed();
         // Cached denials were decided under the old quota: drop them on every gateway.
         self.store.invalidate(Invalidation::All).await;
@@ -286,6 +288,7 @@ impl Admin {
         if let Err(e) = db.delete(&named.hash, &entry).await {
             return db_error(&e);
         }
+        quotas.apply(Change::Delete(named.hash)).await;
         quotas.changed();
         self.store.invalidate(Invalidation::All).await;
         tracing::info!(key = %format!("fp:{}", named.fp), client, "quota override deleted");

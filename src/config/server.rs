@@ -37,8 +37,9 @@ pub struct ServerSettings {
     /// Only connections a peak
     /// needed are ever open; each closes after the upstream's `idle`.
     pub upstream_keepalive_pool: usize,
-    /// Where a `--upgrade` process takes the listening sockets over; `None`: derived from the
-    /// proxy port.
+    /// Where a `--upgrade` process takes the listening sockets over; `None`: one per proxy port
+    /// in a private directory (`crate::upgrade`: `$XDG_RUNTIME_DIR/tollgate`, `/run/tollgate`
+    /// as root, else `tollgate-<uid>` in the temp directory, mode 0700).
     pub upgrade_sock: Option<PathBuf>,
     /// Forward HTTP/1 header names, both ways, with the case they arrived in (`true`), or
     /// (`false`, the default, as Envoy and HAProxy do) in their titled form for the common
