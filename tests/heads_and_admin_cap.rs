@@ -355,13 +355,13 @@ async fn idle_admin_connections_past_the_cap_are_closed_and_the_proxy_and_health
     }
     let r = one(
         gw.admin,
-        "GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     )
     .await;
     assert_eq!(r.status, 200);
     let r = one(
         gw.admin,
-        "GET /stats HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        "GET /stats HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     )
     .await;
     let stats = r.json();
@@ -384,7 +384,7 @@ async fn an_admin_connection_is_closed_after_the_head_and_keepalive_timeouts() {
     assert!(took >= Duration::from_millis(900), "closed after {took:?}");
     // Idle after one request.
     let mut kept = RawConn::connect(gw.admin).await;
-    kept.send(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+    kept.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .expect("send");
     assert_eq!(kept.read_response().await.expect("answer").status, 200);
@@ -397,7 +397,7 @@ async fn an_admin_connection_is_closed_after_the_head_and_keepalive_timeouts() {
     let mut slow = RawConn::connect(gw.admin).await;
     let sent = slow
         .trickle(
-            b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n",
+            b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
             Duration::from_millis(100),
         )
         .await;
@@ -405,7 +405,7 @@ async fn an_admin_connection_is_closed_after_the_head_and_keepalive_timeouts() {
     eventually("the gateway still answers", Duration::from_secs(5))
         .holds_async(|| async {
             let mut c = RawConn::connect(gw.admin).await;
-            c.send(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            c.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
                 .await
                 .is_ok()
                 && c.read_response().await.is_some_and(|r| r.status == 200)
@@ -427,7 +427,7 @@ async fn a_proxy_cap_the_open_file_limit_cannot_hold_is_warned_about() {
     .await;
     let r = one(
         gw.admin,
-        "GET /stats HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        "GET /stats HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     )
     .await;
     assert_eq!(r.json()["connections"]["max"], 1000, "kept as configured");
