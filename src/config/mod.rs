@@ -114,6 +114,9 @@ pub struct Startup {
     pub store: StoreSettings,
     /// `quotas`; `None`: no quota store.
     pub quotas: Option<QuotaSettings>,
+    /// `admin.max_connections` (also in [`AdminSettings`]), so that a reload that changes it
+    /// is reported like every other setting read at start.
+    pub admin_max_connections: usize,
 }
 
 impl Startup {
@@ -160,6 +163,10 @@ impl Startup {
                 s.over_limit_entries != t.over_limit_entries,
             ),
             ("quotas", self.quotas != next.quotas),
+            (
+                "admin.max_connections",
+                self.admin_max_connections != next.admin_max_connections,
+            ),
         ]
         .into_iter()
         .filter_map(|(path, changed)| changed.then_some(path))

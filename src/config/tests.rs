@@ -267,3 +267,12 @@ fn store_lease_applies_to_every_limit_that_can_lease_unless_it_sets_its_own() {
         100_000
     );
 }
+
+#[test]
+fn a_reload_that_changes_the_admin_cap_is_reported_as_applied_on_restart() {
+    let a = check(&format!("{MIN}admin: {{ max_connections: 8 }}\n")).unwrap();
+    let b = check(MIN).unwrap();
+    assert_eq!(a.startup.admin_max_connections, 8);
+    assert_eq!(b.startup.admin_max_connections, 64);
+    assert_eq!(a.startup.changes(&b.startup), ["admin.max_connections"]);
+}
