@@ -786,9 +786,15 @@ fn the_upgrade_socket_is_where_the_gateway_may_write() {
             .as_sequence()
             .map(|t| t.iter().map(|v| str_of(v, "tmpfs")).collect())
             .unwrap_or_default();
+        // `PATH:OPTIONS`: the socket's directory, private to the image's user (the gateway
+        // warns at start about a directory others may write to, as a bare tmpfs is).
+        let private = format!("mode=0700,uid={uid},gid={uid}");
         assert!(
-            tmpfs.iter().any(|t| Some(Path::new(t)) == sock.parent()),
-            "compose {name}: {sock:?} must be in a tmpfs ({tmpfs:?})"
+            tmpfs.iter().any(|t| {
+                let (path, options) = t.split_once(':').unwrap_or((t, ""));
+                Some(Path::new(path)) == sock.parent() && options == private
+            }),
+            "compose {name}: {sock:?} must be in a tmpfs mounted {private} ({tmpfs:?})"
         );
     }
     // Kubernetes: read-only root filesystem, the directory an emptyDir.

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::gateway::Gateway;
+use common::process::raise_own_open_files;
 use common::raw::{RawConn, RawResp};
 use common::upstream::Upstream;
 use common::wait::eventually;
@@ -291,20 +292,6 @@ async fn a_reload_moves_the_head_limit_of_the_connections() {
     assert_eq!(head_of(gw.listen, big).await.map(|r| r.status), Some(200));
     let r = head_of(gw.listen, 131_073).await.expect("an answer");
     r.problem(431);
-}
-
-/// Raise this test process's own open-file limit, so it can hold the client side of many
-/// connections.
-fn raise_own_open_files(at_least: u64) {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
-    assert!(
-        hard >= at_least,
-        "this test needs a hard open-file limit of at least {at_least} (ulimit -Hn is {hard})"
-    );
-    if soft < at_least {
-        setrlimit(Resource::RLIMIT_NOFILE, hard.min(65_536), hard).expect("setrlimit");
-    }
 }
 
 /// Which of `conns` the gateway has closed, within `within` (all waited on at once).

@@ -260,8 +260,20 @@ async fn a_new_process_takes_nothing_from_another_user_and_the_upgrade_still_com
     let mut new = upgrading(&old, &[]);
     let meta = bound(&path, &mut new).await;
     assert_eq!(meta.mode() & 0o7777, 0o600, "{path:?}'s mode");
-    // Were the socket's mode widened, another user's offer would still be refused.
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    // Were the socket's mode widened, another user's offer would still be refused. The socket
+    // is made 0600 before its bind and again right after: widen it until it stays widened, so
+    // the second cannot undo it.
+    eventually("the socket's mode widened to 0666", Duration::from_secs(10))
+        .every(Duration::from_millis(100))
+        .holds(|| {
+            let mode = std::fs::symlink_metadata(&path).map_or(0, |m| m.mode() & 0o7777);
+            if mode == 0o666 {
+                return Ok(());
+            }
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+            Err(format!("mode {mode:04o}"))
+        })
+        .await;
     let impostor = as_nobody("nobody's offer", IMPOSTOR, &path);
     wait_output(&impostor, "offered", Duration::from_secs(10)).await;
     let refusal = format!(
