@@ -109,6 +109,9 @@ wait_for() {
   die "$name did not answer within 20 s (log: $dir/$name.log)"
 }
 
+# HAProxy connects to the gateways from its own loopback address, the one they trust
+# X-Forwarded-For from: clients on 127.0.0.1 that reach a gateway directly are not believed.
+lb_source=127.0.0.2
 redis=$(free_port) upstream=$(free_port) lb=${FLEET_LB_PORT:-$(free_port)} stats=$(free_port)
 gw=("" "$(free_port)" "$(free_port)") admin=("" "$(free_port)" "$(free_port)")
 
@@ -123,7 +126,7 @@ TOLLGATE_LISTEN=127.0.0.1:${gw[$n]}
 TOLLGATE_ADMIN_LISTEN=127.0.0.1:${admin[$n]}
 TOLLGATE_UPSTREAM=127.0.0.1:$upstream
 TOLLGATE_REDIS_URL=redis://127.0.0.1:$redis/0
-TOLLGATE_TRUSTED_PROXY=127.0.0.1/32
+TOLLGATE_TRUSTED_PROXY=$lb_source/32
 TOLLGATE_UPGRADE_SOCK=$dir/gateway-$n.upgrade.sock
 EOF
   # shellcheck disable=SC2046 # one NAME=VALUE word per line of the file
@@ -137,6 +140,7 @@ start haproxy env \
   TOLLGATE_LB_BIND="127.0.0.1:$lb" TOLLGATE_LB_STATS_BIND="127.0.0.1:$stats" \
   TOLLGATE_GATEWAY_1="127.0.0.1:${gw[1]}" TOLLGATE_GATEWAY_1_ADMIN_PORT="${admin[1]}" \
   TOLLGATE_GATEWAY_2="127.0.0.1:${gw[2]}" TOLLGATE_GATEWAY_2_ADMIN_PORT="${admin[2]}" \
+  TOLLGATE_LB_SOURCE="$lb_source" \
   haproxy -db -f "$repo/docker/haproxy.cfg"
 wait_for haproxy "$bin" health --url "http://127.0.0.1:$lb/lb-health"
 

@@ -28,6 +28,7 @@ if [ "$mode" != "--build-only" ]; then
   { command -v setpriv && command -v unshare; } >/dev/null || need+=(util-linux)
   # scripts/upstream-tests.sh runs Pingora's own tests in a network namespace with loopback only.
   command -v ip >/dev/null || need+=(iproute2)
+  [ -x /usr/bin/python3 ] || need+=(python3)   # tests/upgrade_sock.rs runs it as nobody
   command -v promtool >/dev/null || need+=(prometheus)
   command -v chromium >/dev/null || need+=(chromium)
   python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)

@@ -133,8 +133,18 @@ pub enum QuotaAction {
     /// One key's override.
     Get { key: String },
     /// Create or change a key's override; what is not given keeps its stored value.
+    ///
+    /// The key is KEY, or read from standard input (--key-stdin) or an environment variable
+    /// (--key-env NAME), which keep a raw key out of the process list and the shell history.
     Set {
-        key: String,
+        #[arg(required_unless_present_any = ["key_stdin", "key_env"])]
+        key: Option<String>,
+        /// Read the key from standard input (one line; the line break is not part of it).
+        #[arg(long, conflicts_with_all = ["key", "key_env"])]
+        key_stdin: bool,
+        /// Read the key from this environment variable.
+        #[arg(long, value_name = "NAME", conflicts_with = "key")]
+        key_env: Option<String>,
         /// The tier the key is in (a name under `tiers:`).
         #[arg(long)]
         tier: Option<String>,

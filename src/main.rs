@@ -113,11 +113,15 @@ fn health(url: Option<String>, config: Option<PathBuf>, timeout: Duration) -> Ex
 
 /// `tollgate quotas …`: one call of a gateway's admin API, printed as a table or as JSON. Exit
 /// 0 on success, 1 when the API refuses or cannot be reached, 2 on a usage error.
-fn quotas(args: QuotasArgs) -> ExitCode {
+fn quotas(mut args: QuotasArgs) -> ExitCode {
     let fail = |code: u8, msg: String| {
         eprintln!("tollgate quotas: {msg}");
         ExitCode::from(code)
     };
+    let env = |v: &str| std::env::var(v).ok();
+    if let Err(e) = client::resolve_key(&mut args.action, std::io::stdin().lock(), env) {
+        return fail(2, e);
+    }
     let call = match client::call_of(&args.action) {
         Ok(c) => c,
         Err(e) => return fail(2, e),

@@ -178,9 +178,7 @@ impl Refusal {
         let body = match self {
             Refusal::BadHead(detail) => self.plain(detail),
             Refusal::UriTooLong => self.plain("The request target is longer than this gateway accepts."),
-            Refusal::HeaderTooLarge => {
-                self.plain("The request line and headers are larger than this gateway accepts.")
-            }
+            Refusal::HeaderTooLarge => self.plain(HEADER_TOO_LARGE),
             Refusal::BodyTooLarge => self.plain("The request body is larger than this route accepts."),
             Refusal::Credentials(e) => self.body("about:blank", e.to_string(), NoFields {}),
             Refusal::NoRoute { method, path } => self.body(
@@ -276,6 +274,24 @@ impl Refusal {
             },
         )
     }
+}
+
+/// The detail of a `431`.
+const HEADER_TOO_LARGE: &str = "The request line and headers are larger than this gateway accepts.";
+
+/// The whole `431` answer on the wire, for a head that passes `server.max_request_header_bytes`
+/// while it arrives: the connection layer writes it itself, before Pingora has a head to
+/// answer, and then closes the connection (so it says `Connection: close`).
+pub fn header_too_large_wire() -> Vec<u8> {
+    let body = Refusal::HeaderTooLarge.plain(HEADER_TOO_LARGE);
+    let mut wire = format!(
+        "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/problem+json\r\n\
+         Content-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    wire.extend_from_slice(&body);
+    wire
 }
 
 /// The head of a problem-details answer.

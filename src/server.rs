@@ -18,8 +18,8 @@ use pingora_core::services::listening::Service;
 
 use crate::admin::Admin;
 use crate::config::reload::ConfigHandle;
-use crate::config::{defaults, ServerSettings};
-use crate::conn::{Connections, Guard};
+use crate::config::ServerSettings;
+use crate::conn::{proxy_cap, Connections, Guard, Phased};
 use crate::demo::DemoUpstream;
 use crate::lifecycle::{raise_open_files, Lifecycle};
 use crate::limit::{Clock, SystemClock};
@@ -42,6 +42,8 @@ pub enum StartError {
     Store(crate::store::StoreError),
     #[error("cannot open the access log: {0}")]
     AccessLog(std::io::Error),
+    #[error("{0}")]
+    UpgradeDir(#[from] crate::upgrade::UpgradeDirError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         addr: SocketAddr,
@@ -64,11 +66,9 @@ fn check_bind(addr: SocketAddr, what: &'static str) -> Result<(), StartError> {
 }
 
 /// The Unix socket an upgrading process takes the listening sockets over through: the
-/// configured one, or one per proxy port, so two gateways on one host never share it.
+/// configured one, or one per proxy port in a private directory ([`crate::upgrade`]).
 pub fn upgrade_sock(s: &ServerSettings) -> PathBuf {
-    s.upgrade_sock.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("tollgate-{}.upgrade.sock", s.listen.port()))
-    })
+    crate::upgrade::sock_path(s)
 }
 
 /// Pingora's options for the proxy's HTTP sessions (`examples/bare_pingora` runs on them too):
@@ -113,6 +113,8 @@ pub fn pingora_conf(s: &ServerSettings) -> ServerConf {
 
 struct Maintenance {
     config: Arc<ConfigHandle>,
+    /// The proxy's and the admin listener's connections: a reload sets their head size.
+    conns: [Arc<Connections>; 2],
     store: Arc<Store>,
     quotas: Option<Arc<Quotas>>,
 }
@@ -148,6 +150,9 @@ impl BackgroundService for Maintenance {
                     // A reload that changed limits drops their cached denials, everywhere.
                     let next = self.config.snapshot();
                     if !Arc::ptr_eq(&next, &config) {
+                        for conns in &self.conns {
+                            conns.set_max_head(next.http.max_request_header_bytes);
+                        }
                         let changed = changed_limits(&config, &next);
                         if !changed.is_empty() {
                             store.invalidate(Invalidation::Limits(changed)).await;
@@ -168,14 +173,6 @@ impl BackgroundService for Maintenance {
     }
 }
 
-/// The connection cap: `server.max_connections`, or 90% of the open-file limit.
-fn connection_cap(s: &ServerSettings, open_files: Option<u64>) -> usize {
-    s.max_connections.unwrap_or_else(|| {
-        let files = open_files.unwrap_or(1024) as f64;
-        ((files * defaults::MAX_CONNECTIONS_SHARE) as usize).max(1)
-    })
-}
-
 /// Run the gateway until the shutdown sequence ends it (see [`crate::lifecycle`]).
 pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartError> {
     let cfg = config.snapshot();
@@ -185,6 +182,7 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
         check_bind(s.listen, "server.listen")?;
         check_bind(s.admin_listen, "server.admin_listen")?;
     }
+    crate::upgrade::prepare(s)?;
     let open_files = raise_open_files();
     let opt = Opt {
         upgrade: opts.upgrade,
@@ -196,7 +194,11 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
 
     let store = Arc::new(Store::new(&cfg.startup.store).map_err(StartError::Store)?);
     let shedder = Shedder::leaked();
-    let conns = Connections::new(connection_cap(s, open_files), s.header_timeout);
+    let admin_cap = cfg.admin.max_connections;
+    let cap = proxy_cap(s.max_connections, admin_cap, open_files);
+    let max_head = cfg.http.max_request_header_bytes;
+    let conns = Connections::new(cap, s.header_timeout, max_head);
+    let admin_conns = Connections::admin(admin_cap, s.header_timeout, max_head);
     let lifecycle = Lifecycle::new(conns.clone(), s.drain_period, s.grace_period);
     let quotas = cfg.startup.quotas.clone().map(Quotas::new);
     let observer = observer(&config, &store, shedder, &lifecycle, &quotas)?;
@@ -225,7 +227,9 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
         lifecycle: lifecycle.clone(),
         observer,
         quotas: quotas.clone(),
+        sessions: Default::default(),
     };
+    let admin = Guard::new(Phased::new(admin, config.clone()), admin_conns.clone());
     let mut admin = Service::new("tollgate admin".to_string(), admin);
     admin.add_tcp(&s.admin_listen.to_string());
 
@@ -233,6 +237,7 @@ pub fn run(config: Arc<ConfigHandle>, opts: StartOptions) -> Result<(), StartErr
         "tollgate maintenance",
         Maintenance {
             config,
+            conns: [conns.clone(), admin_conns],
             store,
             quotas,
         },
@@ -279,6 +284,7 @@ fn log_start(cfg: &crate::config::Config, max_connections: usize, upgrade: bool)
         store = %cfg.startup.store.backend,
         quotas = cfg.startup.quotas.as_ref().map_or("none", |q| q.backend_name()),
         max_connections,
+        admin_max_connections = cfg.admin.max_connections,
         upgrade,
         "tollgate starting"
     );

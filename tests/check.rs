@@ -11,7 +11,8 @@ const FIXTURES: &str = "tests/fixtures/config";
 /// Runs `tollgate check <path>` from the crate root, with a fixed environment for the JWT
 /// fixtures (TOLLGATE_TEST_JWT_SECRET set, TOLLGATE_TEST_EMPTY_SECRET empty,
 /// TOLLGATE_TEST_UNSET_SECRET absent) and the `${VAR}` fixtures (TOLLGATE_TEST_LIMIT=10,
-/// TOLLGATE_TEST_WORD=ten, TOLLGATE_TEST_UNSET_VAR absent), and no other TOLLGATE_ variable.
+/// TOLLGATE_TEST_WORD=ten, TOLLGATE_TEST_STRUCTURE="10, shadow: true",
+/// TOLLGATE_TEST_UNSET_VAR absent), and no other TOLLGATE_ variable.
 fn check(path: &str) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("TOLLGATE_")) {
@@ -23,6 +24,7 @@ fn check(path: &str) -> Output {
         .env("TOLLGATE_TEST_EMPTY_SECRET", "")
         .env("TOLLGATE_TEST_LIMIT", "10")
         .env("TOLLGATE_TEST_WORD", "ten")
+        .env("TOLLGATE_TEST_STRUCTURE", "10, shadow: true")
         .output()
         .expect("run tollgate check")
 }
@@ -137,6 +139,9 @@ fixtures! {
     host_with_port => "host-with-port.yaml": [
         r#"routes[0].match.host: "api.example.com:8443" must be a host name without scheme, port or path"#,
     ],
+    bad_ready_requires_store => "bad-ready-requires-store.yaml": [
+        r#"server.ready_requires_store: invalid type: string "sometimes", expected a boolean"#,
+    ],
     bad_trusted_proxy => "bad-trusted-proxy.yaml": [
         r#"identity.trusted_proxies[1]: "10.0.0.0/33" is not an IP address or CIDR network"#,
     ],
@@ -148,6 +153,20 @@ fixtures! {
     ],
     jwt_secret_env_empty => "jwt-secret-empty.yaml": [
         "identity.jwt.hs256_secret_env: environment variable TOLLGATE_TEST_EMPTY_SECRET is empty (it must hold the HS256 secret)",
+    ],
+    jwt_audience_entries_are_non_empty_strings => "jwt-bad-audience.yaml": [
+        "identity.jwt.audience[1]: must be a string",
+        "identity.jwt.audience[2]: must not be empty",
+    ],
+    jwt_issuer_is_a_string_or_a_list => "jwt-bad-issuer.yaml": [
+        "identity.jwt.issuer: must be a string or a list of strings",
+    ],
+    jwt_require_exp_is_a_boolean => "jwt-require-exp-not-bool.yaml": [
+        "identity.jwt.require_exp: invalid type: string \"sometimes\", expected a boolean",
+    ],
+    admin_allowed_hosts_are_host_names => "admin-bad-allowed-host.yaml": [
+        r#"admin.allowed_hosts[1]: "http://admin.example.com" must be a host name without scheme, port or path"#,
+        r#"admin.allowed_hosts[2]: "admin.example.com:9901" must be a host name without scheme, port or path"#,
     ],
     missing_upstreams => "missing-upstreams.yaml": [
         "upstreams: missing: define at least one upstream",
@@ -253,8 +272,20 @@ fixtures! {
     env_default_is_validated => "env-default-is-validated.yaml": [
         r#"limits[0].window: "1x" is not a duration (examples: 500ms, 30s, 1m, 1h, 1d)"#,
     ],
+    env_value_that_adds_structure_is_refused => "env-value-adds-structure.yaml": [
+        r#"line 7 column 46: environment variable TOLLGATE_TEST_STRUCTURE holds ',', which would add YAML structure where ${TOLLGATE_TEST_STRUCTURE} stands (outside quotes): a value must stay one scalar (quoted, as "${TOLLGATE_TEST_STRUCTURE}", a string may hold spaces and , # : [ ] { })"#,
+    ],
+    redis_url_that_does_not_parse_is_not_shown => "redis-url-does-not-parse.yaml": [
+        "store.url: not a Redis URL: it does not parse as a URL (invalid port number); it is not shown, as it may hold a password",
+    ],
+    quotas_database_that_does_not_parse_is_not_shown => "quotas-database-does-not-parse.yaml": [
+        "quotas.database: not a PostgreSQL or SQLite URL (postgres://user@host/db, sqlite://PATH): it does not parse as a URL (invalid port number); it is not shown, as it may hold a password",
+    ],
     admin_token_env_not_set => "admin-token-unset.yaml": [
         "admin.token_env: environment variable TOLLGATE_TEST_UNSET_SECRET is not set (it must hold the admin bearer token)",
+    ],
+    admin_max_connections_zero => "admin-max-connections-zero.yaml": [
+        "admin.max_connections: must be at least 1",
     ],
     bad_access_log => "bad-access-log.yaml": [
         r#"access_log.format: "xml" is not an access-log format (text, json)"#,

@@ -392,6 +392,7 @@ fn haproxy_cfg_is_valid_for_compose_and_for_the_fleet() {
         ("TOLLGATE_GATEWAY_1_ADMIN_PORT", "19901"),
         ("TOLLGATE_GATEWAY_2", "127.0.0.1:18082"),
         ("TOLLGATE_GATEWAY_2_ADMIN_PORT", "19902"),
+        ("TOLLGATE_LB_SOURCE", "127.0.0.2"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -414,6 +415,63 @@ fn haproxy_cfg_is_valid_for_compose_and_for_the_fleet() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// X-Forwarded-For cannot be forged through the shipped balancer: HAProxy replaces the
+/// header with the connection's source (never appends to the client's), and the gateways
+/// believe it only from the balancer. In compose that is one fixed address, outside the range
+/// other containers get theirs from, which HAProxy connects from and the gateways trust as a
+/// /32; in Kubernetes, where the ingress controller's addresses depend on the cluster, the
+/// default is no wider than a pod CIDR. (tests/fleet_wiring.rs forges the header for real.)
+#[test]
+fn the_balancer_overwrites_x_forwarded_for_and_is_the_only_trusted_proxy() {
+    let cfg = read("docker/haproxy.cfg");
+    let code: Vec<&str> = cfg
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    assert!(
+        !code.iter().any(|l| l.starts_with("option forwardfor")),
+        "option forwardfor appends to the client's X-Forwarded-For"
+    );
+    assert!(code.contains(&"http-request set-header X-Forwarded-For %[src]"));
+    assert!(code.contains(&"source \"${TOLLGATE_LB_SOURCE}\""));
+
+    let compose = yaml("docker/compose.yaml");
+    let balancer = &compose["services"]["balancer"];
+    let addr = str_of(
+        &balancer["networks"]["default"]["ipv4_address"],
+        "the balancer's ipv4_address",
+    );
+    assert_eq!(compose_env(balancer)["TOLLGATE_LB_SOURCE"], addr);
+    let ip: std::net::IpAddr = addr.parse().expect("an IP address");
+    let ipam = &compose["networks"]["default"]["ipam"]["config"][0];
+    let net = |k: &str| -> ipnet::IpNet { str_of(&ipam[k], k).parse().expect("a network") };
+    assert!(
+        net("subnet").contains(&ip) && !net("ip_range").contains(&ip),
+        "{ip} must be in the subnet and outside the range handed out to other containers"
+    );
+    for n in [1, 2] {
+        let gw = &compose["services"][format!("gateway-{n}").as_str()];
+        let cfg = fleet_config(&compose_env(gw));
+        assert_eq!(
+            cfg.identity.trusted_proxies,
+            [ipnet::IpNet::from(ip)],
+            "gateway-{n} trusts the balancer's address alone"
+        );
+    }
+
+    let m = manifests();
+    let cfg = fleet_config(&deployment_env(of_kind(&m, "Deployment")));
+    assert!(
+        cfg.identity
+            .trusted_proxies
+            .iter()
+            .all(|n| n.prefix_len() >= 16),
+        "k8s trusts no more than a pod CIDR: {:?}",
+        cfg.identity.trusted_proxies
+    );
 }
 
 // ---- Kubernetes ----
@@ -728,9 +786,15 @@ fn the_upgrade_socket_is_where_the_gateway_may_write() {
             .as_sequence()
             .map(|t| t.iter().map(|v| str_of(v, "tmpfs")).collect())
             .unwrap_or_default();
+        // `PATH:OPTIONS`: the socket's directory, private to the image's user (the gateway
+        // warns at start about a directory others may write to, as a bare tmpfs is).
+        let private = format!("mode=0700,uid={uid},gid={uid}");
         assert!(
-            tmpfs.iter().any(|t| Some(Path::new(t)) == sock.parent()),
-            "compose {name}: {sock:?} must be in a tmpfs ({tmpfs:?})"
+            tmpfs.iter().any(|t| {
+                let (path, options) = t.split_once(':').unwrap_or((t, ""));
+                Some(Path::new(path)) == sock.parent() && options == private
+            }),
+            "compose {name}: {sock:?} must be in a tmpfs mounted {private} ({tmpfs:?})"
         );
     }
     // Kubernetes: read-only root filesystem, the directory an emptyDir.

@@ -1283,6 +1283,130 @@ default_tier: free
     assert_eq!(up.requests().await, served);
 }
 
+/// `identity.jwt.audience`, `issuer` and `require_exp` through the real gateway: a token
+/// from the configured issuer for the configured audience is admitted and names its user;
+/// every other one is a 401 that never reaches the upstream. Without an audience configured,
+/// a token that carries `aud` is admitted (identity providers send it); without `exp` it is
+/// refused unless `require_exp: false`; an `exp` that is a string is refused, not ignored.
+#[tokio::test(flavor = "multi_thread")]
+async fn jwt_audience_issuer_and_required_exp() {
+    let up = Upstream::start().await;
+    let yaml = |jwt: &str| {
+        format!(
+            "{}{DEFAULT_ROUTE}identity:\n  jwt: {{ hs256_secret_env: TOLLGATE_IT_JWT_SECRET{jwt} }}\n\
+             limits:\n  - {{ name: per-user, key: [user], algorithm: fixed_window, limit: 100, window: 1h }}\n",
+            up.upstreams_yaml()
+        )
+    };
+    let env = [("TOLLGATE_IT_JWT_SECRET", JWT_SECRET)];
+    let strict = Gateway::start_with_env(
+        &yaml(", audience: [orders-api, billing-api], issuer: \"https://idp.example.com/\""),
+        &env,
+    )
+    .await;
+    let plain = Gateway::start_with_env(&yaml(""), &env).await;
+    let lax = Gateway::start_with_env(&yaml(", require_exp: false"), &env).await;
+    let c = client();
+    let exp = unix_s() + 3600;
+    let bearer = |claims: Value| {
+        format!(
+            "Bearer {}",
+            jwt(claims, JWT_SECRET, jsonwebtoken::Algorithm::HS256)
+        )
+    };
+    let iss = "https://idp.example.com/";
+    let admitted = |gw: &Gateway, claims: Value| {
+        let (url, auth) = (gw.url("/who"), bearer(claims.clone()));
+        let c = c.clone();
+        async move {
+            let r = get(&c, &url, &[("authorization", &auth)]).await;
+            assert_eq!(r.status, StatusCode::OK, "{claims}: {}", r.text());
+            assert_eq!(
+                r.header("ratelimit-policy"),
+                "\"per-user\";q=100;w=3600",
+                "{claims}"
+            );
+        }
+    };
+    let refused = |gw: &Gateway, claims: Value, why: &'static str| {
+        let (url, auth) = (gw.url("/who"), bearer(claims.clone()));
+        let c = c.clone();
+        async move {
+            let r = get(&c, &url, &[("authorization", &auth)]).await;
+            let body = assert_problem(&r, 401, "Unauthorized");
+            assert_eq!(
+                body["detail"],
+                format!("the bearer token is invalid: {why}"),
+                "{claims}"
+            );
+        }
+    };
+    admitted(
+        &strict,
+        json!({ "sub": "a", "exp": exp, "iss": iss, "aud": "orders-api" }),
+    )
+    .await;
+    admitted(
+        &strict,
+        json!({ "sub": "a", "exp": exp, "iss": iss, "aud": ["x", "billing-api"] }),
+    )
+    .await;
+    refused(
+        &strict,
+        json!({ "sub": "a", "exp": exp, "iss": iss, "aud": "other-api" }),
+        "InvalidAudience",
+    )
+    .await;
+    refused(
+        &strict,
+        json!({ "sub": "a", "exp": exp, "iss": iss }),
+        "Missing required claim: aud",
+    )
+    .await;
+    refused(
+        &strict,
+        json!({ "sub": "a", "exp": exp, "iss": "https://evil.example/", "aud": "orders-api" }),
+        "InvalidIssuer",
+    )
+    .await;
+    refused(
+        &strict,
+        json!({ "sub": "a", "exp": exp, "aud": "orders-api" }),
+        "Missing required claim: iss",
+    )
+    .await;
+    refused(
+        &strict,
+        json!({ "sub": "a", "iss": iss, "aud": "orders-api" }),
+        "claim \"exp\" is missing",
+    )
+    .await;
+    // No audience configured: `aud` is not checked (the crate's default refused every token with one).
+    admitted(&plain, json!({ "sub": "b", "exp": exp, "aud": "anything" })).await;
+    refused(&plain, json!({ "sub": "b" }), "claim \"exp\" is missing").await;
+    refused(
+        &plain,
+        json!({ "sub": "b", "exp": (unix_s() - 60).to_string() }),
+        "claim \"exp\" is not a number",
+    )
+    .await;
+    refused(
+        &plain,
+        json!({ "sub": "b", "exp": exp, "nbf": "later" }),
+        "claim \"nbf\" is not a number",
+    )
+    .await;
+    // `require_exp: false`: a token without `exp` is admitted; one with an old `exp` is not.
+    admitted(&lax, json!({ "sub": "c" })).await;
+    refused(
+        &lax,
+        json!({ "sub": "c", "exp": unix_s() - 60 }),
+        "the token has expired",
+    )
+    .await;
+    assert_eq!(up.requests().await, 4);
+}
+
 // ---------------------------------------------------------------------------------------
 // 8. Malformed API keys
 // ---------------------------------------------------------------------------------------

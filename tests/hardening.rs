@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::gateway::Gateway;
+use common::process::raise_own_open_files;
 use common::raw::{RawConn, RawResp};
 use common::upstream::Upstream;
 use common::wait::eventually;
@@ -381,20 +382,6 @@ routes:
     );
     one(gw.listen, &get_req("/gone", "t")).await.problem(502);
     holder.abort();
-}
-
-/// Raise this test process's own open-file limit, so it can hold the client side of many
-/// connections.
-fn raise_own_open_files(at_least: u64) {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
-    assert!(
-        hard >= at_least,
-        "this test needs a hard open-file limit of at least {at_least} (ulimit -Hn is {hard})"
-    );
-    if soft < at_least {
-        setrlimit(Resource::RLIMIT_NOFILE, hard.min(65_536), hard).expect("setrlimit");
-    }
 }
 
 /// `n` keep-alive connections that each had one request answered and now sit idle.

@@ -184,3 +184,62 @@ async fn sqlite_keeps_overrides_and_their_audit_without_raw_keys() {
     })
     .await;
 }
+
+/// The schema as the hand-written runner before sqlx's `Migrator` left it (its steps, and
+/// `tollgate_schema` at version 3), with one override row in it.
+const OLD_SCHEMA: &[&str] = &[
+    "CREATE TABLE tollgate_schema (version BIGINT NOT NULL)",
+    "CREATE TABLE tollgate_quota_overrides (key_hash TEXT PRIMARY KEY, fingerprint TEXT NOT NULL,
+        label TEXT, tier TEXT, status TEXT NOT NULL, limits TEXT NOT NULL, effective_at BIGINT,
+        expires_at BIGINT, created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL)",
+    "CREATE INDEX tollgate_quota_fingerprint ON tollgate_quota_overrides (fingerprint)",
+    "CREATE TABLE tollgate_quota_audit (id TEXT PRIMARY KEY, at BIGINT NOT NULL,
+        fingerprint TEXT NOT NULL, action TEXT NOT NULL, before_doc TEXT, after_doc TEXT,
+        client TEXT NOT NULL)",
+    "INSERT INTO tollgate_schema (version) VALUES (1), (2), (3)",
+    "INSERT INTO tollgate_quota_overrides VALUES (
+        'abababababababababababababababababababababababababababababababab', '0000abcd', 'old',
+        'gold', 'active', '{}', NULL, NULL, 1, 1)",
+];
+
+#[tokio::test]
+async fn a_database_of_the_old_migration_runner_is_taken_over_with_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("quotas.db");
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    {
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+        for step in OLD_SCHEMA {
+            sqlx::query(sqlx::AssertSqlSafe(*step))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        pool.close().await;
+    }
+    let db = Db::connect(&url, std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    let all = db.all().await.unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0].label.as_deref(), Some("old"));
+    assert_eq!(db.by_fingerprint("0000abcd").await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_starting_together_on_a_new_postgres_migrate_it_once() {
+    let pg = Postgres::start();
+    let url = pg.url();
+    let connects = (0..4).map(|_| Db::connect(&url, std::time::Duration::from_secs(10)));
+    for db in futures_util::future::join_all(connects).await {
+        db.expect("every gateway starts; the migrator's lock serializes them");
+    }
+    let out = std::process::Command::new("psql")
+        .args([url.as_str(), "-At", "-c"])
+        .arg("SELECT version, success FROM _sqlx_migrations ORDER BY version")
+        .output()
+        .expect("psql (apt-get install -y postgresql-client)");
+    let applied = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(applied.trim(), "1|t", "{applied}");
+}

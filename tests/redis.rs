@@ -5,8 +5,9 @@
 //! What is checked (issue 3, "Tests that must exist and pass"):
 //! exactness across two gateway instances for every algorithm, all-or-nothing across limits,
 //! clock skew between gateways (one under libfaketime), a TTL on every key, NOSCRIPT after
-//! `SCRIPT FLUSH` and after a Redis restart, `/readyz` following Redis, Redis Cluster (exact,
-//! no CROSSSLOT) and Sentinel (plus a Sentinel failover).
+//! `SCRIPT FLUSH` and after a Redis restart, `/readyz` reporting Redis (and following it with
+//! `server.ready_requires_store`), Redis Cluster (exact, no CROSSSLOT) and Sentinel (plus a
+//! Sentinel failover).
 //!
 //! The exactness configs set `store.timeout: 5s` and `on_error: deny`: a store call that fails
 //! shows up as a 503 instead of an admitted, uncounted request (the defaults, 25 ms and
@@ -579,7 +580,7 @@ async fn redis_restart_mid_run_fails_open_and_then_limits_exactly_from_a_clean_s
         up.upstreams_yaml()
     );
     let gw = Gateway::start_named("gw", &yaml, &[], &[]).await;
-    gw.wait_readyz(200, Duration::from_secs(10)).await;
+    gw.wait_store("ok", Duration::from_secs(10)).await;
     clear_of_window_boundary(DAY_S, 30).await;
     let url = gw.url("/x");
     let caller_a = || Load::new(&url).conns(3).header("x-k", "a");
@@ -605,7 +606,7 @@ async fn redis_restart_mid_run_fails_open_and_then_limits_exactly_from_a_clean_s
     assert_ne!(redis.pid(), old_pid);
     let at_restart = background.len();
     // The gateway reconnects (and reloads the script) by itself.
-    gw.wait_readyz(200, Duration::from_secs(15)).await;
+    gw.wait_store("ok", Duration::from_secs(15)).await;
     background
         .wait(
             "200 background requests after the restart",
@@ -653,7 +654,7 @@ async fn redis_restart_mid_run_fails_open_and_then_limits_exactly_from_a_clean_s
     .await;
     assert_eq!(r.header_u64("x-ratelimit-remaining"), 19, "{r:#?}");
     eprintln!(
-        "counting resumed {:?} after /readyz turned 200 ({probes} probes)",
+        "counting resumed {:?} after /readyz said the store is ok ({probes} probes)",
         resuming.elapsed()
     );
 
@@ -665,11 +666,11 @@ async fn redis_restart_mid_run_fails_open_and_then_limits_exactly_from_a_clean_s
 }
 
 // ---------------------------------------------------------------------------------------
-// 6. /readyz follows Redis.
+// 6. /readyz reports Redis, and follows it only with server.ready_requires_store.
 // ---------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readyz_is_503_while_redis_is_down_and_200_again_after_it_returns() {
+async fn readyz_stays_200_while_redis_is_down_and_its_body_says_so() {
     let mut redis = RedisServer::start();
     let up = Upstream::start().await;
     let yaml = format!(
@@ -678,8 +679,56 @@ async fn readyz_is_503_while_redis_is_down_and_200_again_after_it_returns() {
         up.upstreams_yaml()
     );
     let gw = Gateway::start_named("gw", &yaml, &["--redis-url", &redis.url()], &[]).await;
+    let body = gw.wait_store("ok", Duration::from_secs(10)).await;
+    let (status, body2) = gw.readyz_status().await;
+    assert_eq!(
+        (status, &body2["status"], &body2["ready_requires_store"]),
+        (200, &"ready".into(), &false.into()),
+        "{body} {body2}"
+    );
+
+    // Redis down: the gateway still serves (by each limit's on_error), so it stays ready;
+    // the body says the store is unreachable and why the breaker is as it is.
+    redis.kill();
+    gw.wait_store("unreachable", Duration::from_secs(10)).await;
+    let (status, body) = gw.readyz_status().await;
+    assert_eq!(
+        (status, &body["status"], &body["store"], &body["reason"]),
+        (
+            200,
+            &"ready".into(),
+            &"unreachable".into(),
+            &serde_json::Value::Null
+        ),
+        "{body}"
+    );
+    assert!(
+        body["store_status"]["failures"].as_u64() >= Some(1),
+        "{body}"
+    );
+
+    redis.restart();
+    let body = gw.wait_store("ok", Duration::from_secs(15)).await;
+    assert_eq!(body["status"], "ready", "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_ready_requires_store_readyz_is_503_while_redis_is_down_and_200_again_after() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let yaml = format!(
+        "server: {{ ready_requires_store: true }}\n\
+         store: {{ key_prefix: ready, timeout: 200ms }}\n{}\
+         routes:\n  - {{ name: default, match: {{ path_prefix: / }}, upstream: backend }}\n",
+        up.upstreams_yaml()
+    );
+    let gw = Gateway::start_named("gw", &yaml, &["--redis-url", &redis.url()], &[]).await;
     let body = gw.wait_readyz(200, Duration::from_secs(10)).await;
-    assert_eq!(body["store"], "ok", "{body}");
+    assert_eq!(
+        (&body["store"], &body["ready_requires_store"]),
+        (&"ok".into(), &true.into()),
+        "{body}"
+    );
     let (status, body) = gw.readyz_status().await;
     assert_eq!((status, &body["status"]), (200, &"ready".into()), "{body}");
 
@@ -687,6 +736,10 @@ async fn readyz_is_503_while_redis_is_down_and_200_again_after_it_returns() {
     let body = gw.wait_readyz(503, Duration::from_secs(10)).await;
     assert_eq!(body["store"], "unreachable", "{body}");
     assert_eq!(body["status"], "not ready", "{body}");
+    assert_eq!(
+        body["reason"], "the store is unreachable (server.ready_requires_store)",
+        "{body}"
+    );
     // Still down: still not ready.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(gw.readyz_status().await.0, 503);
@@ -731,8 +784,7 @@ async fn redis_cluster_is_exact_and_limits_in_different_slots_work() {
     let a = Gateway::start_named("A", &yaml, &[], &[]).await;
     let b = Gateway::start_named("B", &yaml, &[], &[]).await;
     for g in [&a, &b] {
-        let body = g.wait_readyz(200, Duration::from_secs(10)).await;
-        assert_eq!(body["store"], "ok", "{body}");
+        g.wait_store("ok", Duration::from_secs(10)).await;
     }
     clear_of_window_boundary(DAY_S, 60).await;
 
@@ -826,7 +878,7 @@ async fn redis_sentinel_finds_the_master_and_limits_exactly() {
     );
     let a = Gateway::start_named("A", &yaml, &[], &[]).await;
     let b = Gateway::start_named("B", &yaml, &[], &[]).await;
-    a.wait_readyz(200, Duration::from_secs(10)).await;
+    a.wait_store("ok", Duration::from_secs(10)).await;
     clear_of_window_boundary(DAY_S, 30).await;
     let before = up.requests().await;
     let t = blast(&[a.url("/x"), b.url("/x")], 20, 25).await;
@@ -970,7 +1022,7 @@ async fn rediss_tls_url_limits_exactly() {
         routes_with_own_limit(&[("x".into(), "tls-limit".into(), "sliding_window", 20, "24h")])
     );
     let gw = Gateway::start_named("tls", &yaml, &[], &[]).await;
-    gw.wait_readyz(200, Duration::from_secs(10)).await;
+    gw.wait_store("ok", Duration::from_secs(10)).await;
     clear_of_window_boundary(DAY_S, 30).await;
     let before = up.requests().await;
     let t = blast(&[gw.url("/x")], 5, 10).await;

@@ -111,7 +111,11 @@ async fn drain_period_after(signal: &str) {
     .holds_on(|| gw.readyz_status(), |(status, _)| *status == 503)
     .await
     .1;
-    assert_eq!(body["draining"], true, "{body}");
+    assert_eq!(
+        (&body["draining"], &body["reason"]),
+        (&true.into(), &"draining".into()),
+        "{body}"
+    );
     for _ in 0..3 {
         let r = c
             .get(gw.url("/during-drain"))

@@ -19,7 +19,7 @@ use super::{json_response, usage, view, Admin};
 use crate::config::Config;
 use crate::fingerprint::{fingerprint, KeyHash};
 use crate::quota::model::{AuditEntry, PutBody};
-use crate::quota::{self, Db, Lookup, Quotas};
+use crate::quota::{self, Change, Db, Lookup, Quotas};
 use crate::store::Invalidation;
 use http::Response;
 
@@ -156,8 +156,11 @@ impl Admin {
         let rest = path.trim_start_matches("/admin/v1/");
         let parts: Vec<&str> = rest.split('/').collect();
         let cfg = self.config.snapshot();
+        let client = session
+            .client_addr()
+            .map_or_else(|| "unknown".to_string(), |a| a.to_string());
         match (method, parts.as_slice()) {
-            (&Method::POST, ["reload"]) => return self.reload().await,
+            (&Method::POST, ["reload"]) => return self.reload(&client).await,
             (&Method::GET, ["config"]) => return json_response(200, view::config(&cfg)),
             _ => {}
         }
@@ -165,15 +168,12 @@ impl Admin {
             return problem(404, "the quota store is not enabled: add `quotas: { database: \"sqlite:///var/lib/tollgate/quotas.db\" }` (or a postgres:// URL) to the config and restart", None);
         };
         let db = quotas.db_within(quota::CONNECT_TIMEOUT).await;
-        let client = session
-            .client_addr()
-            .map_or_else(|| "unknown".to_string(), |a| a.to_string());
         match (method, parts.as_slice()) {
             (&Method::GET, ["quotas"]) => self.list(db.as_deref(), query).await,
             (&Method::GET, ["audit"]) => audit(db.as_deref(), query).await,
             (&Method::GET, ["quotas", key]) => self.get(db.as_deref(), key).await,
             (&Method::PUT, ["quotas", key]) => {
-                let body = match read_body(session).await {
+                let body = match read_body(session, MAX_BODY).await {
                     Ok(b) => b,
                     Err(r) => return r,
                 };
@@ -260,6 +260,8 @@ impl Admin {
         if let Err(e) = db.put(&next, &entry).await {
             return db_error(&e);
         }
+        // In force here before the answer; other gateways hear of it (NOTIFY or their refresh).
+        quotas.apply(Change::Put(next)).await;
         quotas.changed();
         // Cached denials were decided under the old quota: drop them on every gateway.
         self.store.invalidate(Invalidation::All).await;
@@ -286,6 +288,7 @@ impl Admin {
         if let Err(e) = db.delete(&named.hash, &entry).await {
             return db_error(&e);
         }
+        quotas.apply(Change::Delete(named.hash)).await;
         quotas.changed();
         self.store.invalidate(Invalidation::All).await;
         tracing::info!(key = %format!("fp:{}", named.fp), client, "quota override deleted");
@@ -359,6 +362,23 @@ impl Admin {
             Err(r) => return r,
         };
         let (tier, over) = self.tier_of(cfg, quotas, &named);
+        // The audit row first: a reset that cannot be audited is not made.
+        let entry = self.audit_entry("reset", &named.fp, None, None, client);
+        let audited = match quotas.db() {
+            Some(db) => db.audit(&entry).await.map_err(|e| e.to_string()),
+            None => Err("the quota database is not connected".to_string()),
+        };
+        if let Err(e) = audited {
+            tracing::warn!(
+                "the usage reset of fp:{} is refused: its audit row cannot be written: {e}",
+                named.fp
+            );
+            return problem(
+                503,
+                "the usage reset cannot be written to the audit log right now (the quota database does not answer), so it is not made",
+                None,
+            );
+        }
         let removed = match usage::reset(cfg, &self.store, named.hash, tier, over.as_deref()).await
         {
             Ok(n) => n,
@@ -370,15 +390,6 @@ impl Admin {
                 )
             }
         };
-        if let Some(db) = quotas.db() {
-            let entry = self.audit_entry("reset", &named.fp, None, None, client);
-            if let Err(e) = db.audit(&entry).await {
-                tracing::warn!(
-                    "the usage reset of fp:{} is not in the audit log: {e}",
-                    named.fp
-                );
-            }
-        }
         tracing::info!(key = %format!("fp:{}", named.fp), client, removed, "usage reset");
         json_response(
             200,
@@ -386,30 +397,70 @@ impl Admin {
         )
     }
 
-    async fn reload(&self) -> Response<Vec<u8>> {
-        match self.config.reload().await {
+    /// `POST /admin/v1/reload`, with an audit row (no key: `reload` with the generation and
+    /// file it loaded, or `reload_refused` with how many errors the file has) when the quota
+    /// store is configured. A reload whose row cannot be written is still made (it may be what
+    /// repairs the database settings), and its answer says `"audited": false`.
+    async fn reload(&self, client: &str) -> Response<Vec<u8>> {
+        let before = json!({ "config_generation": self.generation() }).to_string();
+        let result = self.config.reload().await;
+        let after = match &result {
+            Ok(c) => json!({ "config_generation": self.generation(), "source": c.source }),
+            Err(e) => json!({ "config_generation": self.generation(), "errors": e.0.len() }),
+        };
+        let action = if result.is_ok() {
+            "reload"
+        } else {
+            "reload_refused"
+        };
+        let entry = self.audit_entry(action, "", Some(before), Some(after.to_string()), client);
+        let audited = self.audit_alone(&entry).await;
+        tracing::info!(client, audited, "config {action}");
+        match result {
             Ok(c) => json_response(
                 200,
                 json!({
                     "reloaded": true,
-                    "config_generation": self.config.generation.load(std::sync::atomic::Ordering::Relaxed),
+                    "config_generation": self.generation(),
                     "source": c.source,
+                    "audited": audited,
                 }),
             ),
             Err(e) => {
-                let mut r = problem(
-                    400,
-                    "the config file does not validate; the last good config keeps serving",
-                    None,
-                );
-                let body = serde_json::to_vec(&json!({
+                let body = json!({
                     "type": "about:blank", "title": "Bad Request", "status": 400,
                     "detail": "the config file does not validate; the last good config keeps serving",
                     "errors": e.0,
-                })).expect("json");
-                r.headers_mut().insert("content-length", body.len().into());
-                *r.body_mut() = body;
+                    "audited": audited,
+                });
+                let mut r = json_response(400, body);
+                r.headers_mut().insert(
+                    "content-type",
+                    http::HeaderValue::from_static("application/problem+json"),
+                );
                 r
+            }
+        }
+    }
+
+    /// Write `entry` on its own, when there is a quota store: whether it was written (`true`
+    /// without a store: there is no audit log to miss).
+    async fn audit_alone(&self, entry: &AuditEntry) -> bool {
+        let Some(quotas) = &self.quotas else {
+            return true;
+        };
+        let Some(db) = quotas.db_within(quota::CONNECT_TIMEOUT).await else {
+            tracing::warn!(
+                "the {} is not in the audit log: the quota database is not connected",
+                entry.action
+            );
+            return false;
+        };
+        match db.audit(entry).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("the {} is not in the audit log: {e}", entry.action);
+                false
             }
         }
     }
@@ -455,19 +506,36 @@ async fn audit(db: Option<&Db>, query: Option<&str>) -> Response<Vec<u8>> {
     }
 }
 
-/// The request body, at most [`MAX_BODY`] bytes.
-async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Response<Vec<u8>>> {
+/// The request body, at most `max` bytes: 413 as soon as a declared length (or the bytes read)
+/// pass it, and then the connection is closed rather than the rest of the body read.
+pub(super) async fn read_body(
+    session: &mut ServerSession,
+    max: usize,
+) -> Result<Vec<u8>, Response<Vec<u8>>> {
+    let too_large = |session: &mut ServerSession| {
+        session.set_keepalive(None);
+        problem(
+            413,
+            format!("the body is larger than {max} bytes"),
+            Some("body"),
+        )
+    };
+    let declared = session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large(session));
+    }
     let mut body = Vec::new();
     loop {
         match session.read_request_body().await {
             Ok(Some(chunk)) => {
                 body.extend_from_slice(&chunk);
-                if body.len() > MAX_BODY {
-                    return Err(problem(
-                        413,
-                        format!("the body is larger than {MAX_BODY} bytes"),
-                        Some("body"),
-                    ));
+                if body.len() > max {
+                    return Err(too_large(session));
                 }
             }
             Ok(None) => return Ok(body),

@@ -6,10 +6,20 @@
 //!   (the top limited callers) and `GET /` (the live page, [`page`]). Without a token they
 //!   are served only on a loopback admin listener; elsewhere they answer 403;
 //! - `/admin/v1/…` ([`api`]): quota overrides, usage, the audit log, reload, the effective
-//!   config; only with the admin token (403 saying how to enable it when none is configured).
+//!   config; only with the admin token (403 saying how to enable it when none is configured);
+//! - `POST /login`: the live page's login form; the token in, a session cookie out ([`auth`]).
 //!
-//! Phase: its own listener, never on the proxy path. `/readyz` answers 200 only while a
-//! config is loaded and the store answers.
+//! Against DNS rebinding, a request whose `Host` is not an IP literal, `localhost` or a name
+//! in `admin.allowed_hosts` gets 421, except on `/healthz`, `/readyz` and `/metrics` (and a
+//! request without `Host`, as HTTP/1.0 health checks send). Every answer carries
+//! `Content-Security-Policy` (`frame-ancestors 'none'`), `X-Frame-Options: DENY` and
+//! `X-Content-Type-Options: nosniff`.
+//!
+//! Phase: its own listener, never on the proxy path. `/readyz` answers 200 while the gateway
+//! can serve: a config is loaded (always, once this listener runs), its listeners are up
+//! (Pingora binds the proxy's with this one; `tollgate` refuses to start when either address
+//! is taken) and it is not draining; also while the store is unreachable, unless
+//! `server.ready_requires_store`. Its body reports the store and the quota source either way.
 
 mod api;
 pub mod auth;
@@ -39,6 +49,8 @@ pub struct Admin {
     pub observer: Arc<Observer>,
     /// The quota store, when the config has a `quotas` section.
     pub quotas: Option<Arc<crate::quota::Quotas>>,
+    /// The live page's login sessions.
+    pub sessions: auth::Sessions,
 }
 
 /// Rows `/top` shows unless `?n=` asks for another number (at most [`TOP_MAX`]).
@@ -46,14 +58,22 @@ pub const TOP_DEFAULT: usize = 20;
 pub const TOP_MAX: usize = 200;
 
 /// The endpoints, for the 404 answer.
-const ENDPOINTS: [&str; 6] = [
+const ENDPOINTS: [&str; 7] = [
     "GET /healthz",
     "GET /readyz",
     "GET /metrics",
     "GET /stats",
     "GET /top",
     "GET /",
+    "POST /login",
 ];
+
+/// The largest login form read.
+const MAX_LOGIN_BODY: usize = 4096;
+
+/// What every admin answer may load and who may frame it: the live page's own inline script
+/// and style, and requests to this listener; no frame, no plugin, no other origin.
+const CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
 
 pub(crate) fn json_response(status: u16, body: serde_json::Value) -> Response<Vec<u8>> {
     let body = serde_json::to_vec(&body).expect("json");
@@ -66,6 +86,9 @@ pub(crate) fn response(status: u16, content_type: &str, body: Vec<u8>) -> Respon
         .header("content-type", content_type)
         .header("content-length", body.len())
         .header("cache-control", "no-store")
+        .header("content-security-policy", CSP)
+        .header("x-frame-options", "DENY")
+        .header("x-content-type-options", "nosniff")
         .body(body)
         .expect("valid response")
 }
@@ -110,22 +133,40 @@ impl Admin {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// `GET /readyz`: 200 while this gateway can serve (its config is loaded, its listeners
+    /// are up, it is not draining), 503 otherwise. The store's state does not decide unless
+    /// `server.ready_requires_store`: every limit has an `on_error` policy that answers while
+    /// the store is down, and a store outage must not take every gateway out of the
+    /// balancer's rotation at once. The body says how the store and the quota source are.
     async fn readyz(&self) -> Response<Vec<u8>> {
         let cfg = self.config.snapshot();
         let draining = self.lifecycle.stopping();
+        let requires_store = cfg.startup.server.ready_requires_store;
         // While draining, the store is not asked: the answer is 503 whatever it says.
-        let store_ok = !draining && self.store.ready().await;
-        let status = if store_ok { 200 } else { 503 };
-        let store = match (draining, store_ok) {
-            (true, _) => "not checked: draining",
-            (false, true) => "ok",
-            (false, false) => "unreachable",
+        let store_ok = if draining {
+            None
+        } else {
+            Some(self.store.ready().await)
+        };
+        let reason = match (draining, store_ok) {
+            (true, _) => Some("draining"),
+            (false, Some(false)) if requires_store => {
+                Some("the store is unreachable (server.ready_requires_store)")
+            }
+            _ => None,
+        };
+        let store = match store_ok {
+            None => "not checked: draining",
+            Some(true) => "ok",
+            Some(false) => "unreachable",
         };
         json_response(
-            status,
+            if reason.is_none() { 200 } else { 503 },
             json!({
-                "status": if store_ok { "ready" } else { "not ready" },
+                "status": if reason.is_none() { "ready" } else { "not ready" },
+                "reason": reason,
                 "draining": draining,
+                "ready_requires_store": requires_store,
                 "config": cfg.source,
                 "config_generation": self.generation(),
                 "store": store,
@@ -191,8 +232,20 @@ impl ServeHttp for Admin {
                 let body = self.observer.render_metrics();
                 return response(200, "text/plain; version=0.0.4; charset=utf-8", body);
             }
+            _ => {}
+        }
+        let cfg = self.config.snapshot();
+        if let Some(host) = req.headers.get(http::header::HOST) {
+            if !host_allowed(&cfg.admin.allowed_hosts, host) {
+                return misdirected(host);
+            }
+        }
+        match (get, path.as_str()) {
             (true, "/stats" | "/top" | "/") => {}
             _ if path.starts_with("/admin/v1/") => {}
+            _ if method == http::Method::POST && path == "/login" => {
+                return self.login(session, &cfg).await
+            }
             _ => {
                 return json_response(
                     404,
@@ -200,12 +253,11 @@ impl ServeHttp for Admin {
                 )
             }
         }
-        let cfg = self.config.snapshot();
         let api = path.starts_with("/admin/v1/");
         if cfg.admin.token_hash.is_none() && (api || !self.on_loopback(&cfg)) {
             return no_token(api);
         }
-        let access = auth::check(&cfg.admin, &method, &req.headers);
+        let access = auth::check(&cfg.admin, &self.sessions, &method, &req.headers);
         if access != Access::Granted {
             return refused(access, path == "/");
         }
@@ -216,6 +268,67 @@ impl ServeHttp for Admin {
             "/stats" => json_response(200, self.stats()),
             "/top" => json_response(200, self.top(query.as_deref())),
             _ => page::live(),
+        }
+    }
+}
+
+/// Whether the admin listener answers to `host` (a `Host` header, perhaps with a port): an IP
+/// literal, `localhost`, or a name in `admin.allowed_hosts`. Anything else is what a browser
+/// sends after a DNS rebinding (an attacker's name, resolved to this listener).
+fn host_allowed(allowed: &[String], host: &http::HeaderValue) -> bool {
+    let Ok(authority) = host.to_str().unwrap_or("").parse::<http::uri::Authority>() else {
+        return false;
+    };
+    let h = authority.host();
+    let bare = h
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(h);
+    if bare.parse::<std::net::IpAddr>().is_ok() {
+        return true;
+    }
+    let name = h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase();
+    name == "localhost" || allowed.contains(&name)
+}
+
+/// 421: the `Host` is not one the admin listener answers to.
+fn misdirected(host: &http::HeaderValue) -> Response<Vec<u8>> {
+    let shown: String = String::from_utf8_lossy(host.as_bytes())
+        .chars()
+        .take(100)
+        .collect();
+    api::problem(
+        421,
+        format!("the admin listener does not answer to the host {shown:?}: use an IP address or localhost, or add the name to admin.allowed_hosts"),
+        None,
+    )
+}
+
+impl Admin {
+    /// `POST /login`: the login form's `token`; a session cookie and back to `/` when it is
+    /// the admin token, the form again (403) when it is not.
+    async fn login(
+        &self,
+        session: &mut ServerSession,
+        cfg: &crate::config::Config,
+    ) -> Response<Vec<u8>> {
+        if cfg.admin.token_hash.is_none() {
+            return no_token(false);
+        }
+        let body = match api::read_body(session, MAX_LOGIN_BODY).await {
+            Ok(b) => b,
+            Err(r) => return r,
+        };
+        let token = form_urlencoded::parse(&body)
+            .find(|(k, _)| k == "token")
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default();
+        if !auth::is_token(&cfg.admin, &token) {
+            return page::login(403);
+        }
+        match self.sessions.open(std::time::Instant::now()) {
+            Some(id) => page::signed_in(&auth::session_cookie(&id)),
+            None => api::problem(503, "no randomness for a session id right now", None),
         }
     }
 }

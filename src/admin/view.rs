@@ -1,5 +1,6 @@
 //! `GET /admin/v1/config`: the effective config as JSON, what a gateway runs on right now.
-//! Secrets stay out: raw API keys are shown as fingerprints, URLs lose their passwords, the
+//! Secrets stay out: raw API keys are shown as fingerprints, URLs lose their passwords and
+//! credential query values ([`crate::redact::url`]), the
 //! JWT secret and the admin token are named only by their environment variables.
 //!
 //! Phase: the admin listener.
@@ -8,8 +9,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::config::{redact_password, Config, KeyPart, Limit, Spec, Topology};
+use crate::config::{Config, KeyPart, Limit, Spec, Topology};
 use crate::fingerprint::fingerprint;
+use crate::redact::url_shown;
 
 fn secs(d: Duration) -> String {
     humantime::format_duration(d).to_string()
@@ -46,17 +48,17 @@ fn limit(l: &Limit) -> Value {
 
 fn topology(t: &Topology) -> Value {
     match t {
-        Topology::Single { url } => json!({ "url": redact_password(url) }),
+        Topology::Single { url } => json!({ "url": url_shown(url) }),
         Topology::Cluster { nodes } => {
-            json!({ "cluster_nodes": nodes.iter().map(|n| redact_password(n)).collect::<Vec<_>>() })
+            json!({ "cluster_nodes": nodes.iter().map(|n| url_shown(n)).collect::<Vec<_>>() })
         }
         Topology::Sentinel {
             master_name,
             nodes,
             url,
         } => json!({
-            "sentinel": { "master_name": master_name, "nodes": nodes.iter().map(|n| redact_password(n)).collect::<Vec<_>>() },
-            "url": url.as_deref().map(redact_password),
+            "sentinel": { "master_name": master_name, "nodes": nodes.iter().map(|n| url_shown(n)).collect::<Vec<_>>() },
+            "url": url.as_deref().map(url_shown),
         }),
     }
 }
@@ -100,6 +102,7 @@ pub fn config(cfg: &Config) -> Value {
             "jwt": cfg.identity.jwt.as_ref().map(|j| json!({
                 "header": j.header.as_str(), "user_claim": j.user_claim, "tier_claim": j.tier_claim,
                 "leeway": secs(Duration::from_secs(j.validation.leeway)), "secret": "<from the environment>",
+                "require_exp": j.require_exp, "audience": j.audience, "issuer": j.issuer,
             })),
         },
         "tiers": cfg.tiers.iter().map(|t| json!({
@@ -137,6 +140,6 @@ pub fn config(cfg: &Config) -> Value {
             "path": cfg.access_log.path.as_ref().map(|p| p.display().to_string()),
             "sample": cfg.access_log.sample,
         },
-        "admin": { "token_env": cfg.admin.token_env },
+        "admin": { "token_env": cfg.admin.token_env, "allowed_hosts": cfg.admin.allowed_hosts },
     })
 }

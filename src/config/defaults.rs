@@ -26,12 +26,23 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const UPSTREAM_KEEPALIVE_POOL: usize = 1024;
 /// `max_connections` is this share of the open-file limit (after raising soft to hard).
 pub const MAX_CONNECTIONS_SHARE: f64 = 0.9;
+/// File descriptors kept out of both listeners' caps (listening sockets, logs, the store's and
+/// upstreams' connections): `max_connections` defaults to at most the open-file limit less
+/// `admin.max_connections` and this.
+pub const RESERVED_FILES: usize = 64;
 pub const MAX_REQUEST_HEADER_BYTES: usize = 64 * 1024;
 pub const MAX_URI_BYTES: usize = 8 * 1024;
 pub const PATH_NORMALIZATION: PathNormalization = PathNormalization::Normalize;
 pub const ESCAPED_SLASHES: EscapedSlashes = EscapedSlashes::Keep;
 /// HTTP/1 header names forwarded titled or lowercase, not as they arrived.
 pub const PRESERVE_HEADER_CASE: bool = false;
+/// Readiness does not follow the store: a gateway serves by its limits' `on_error` policies
+/// while the store is unreachable, and a balancer should keep sending it traffic.
+pub const READY_REQUIRES_STORE: bool = false;
+
+// admin
+/// Connections the admin listener holds at most (`admin.max_connections`).
+pub const ADMIN_MAX_CONNECTIONS: usize = 64;
 
 // upstreams
 pub const UPSTREAM_TIMEOUTS: UpstreamTimeouts = UpstreamTimeouts {

@@ -206,6 +206,7 @@ pub fn from_yaml(file: &str, text: &str, overrides: &Overrides) -> Result<Config
             server,
             store,
             quotas,
+            admin_max_connections: admin.max_connections,
         },
         http,
         identity,

@@ -52,8 +52,11 @@ impl Errors {
         }
     }
 
-    /// Report `msg` at the field `path` (empty: the whole file).
+    /// Report `msg` at the field `path` (empty: the whole file). A URL in the message (serde
+    /// quotes the value it refused) is shown without its secrets ([`crate::redact::urls_in`]).
     pub(super) fn at(&mut self, path: &str, msg: impl Display) {
+        let msg = msg.to_string();
+        let msg = crate::redact::urls_in(&msg);
         let line = if path.is_empty() {
             format!("{}: {msg}", self.file)
         } else {

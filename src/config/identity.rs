@@ -1,5 +1,6 @@
 //! `identity`: which header carries the API key, which peers may forward a client address,
-//! how IPv6 clients are grouped, and how JWTs are verified.
+//! how IPv6 clients are grouped, and how JWTs are verified: HS256, `exp` required unless
+//! `require_exp: false`, and `aud` and `iss` checked against `audience` and `issuer` when set.
 
 use std::net::IpAddr;
 
@@ -25,10 +26,18 @@ pub struct IdentitySettings {
 pub struct JwtSettings {
     pub header: HeaderName,
     pub key: jsonwebtoken::DecodingKey,
-    /// HS256 with `exp` and `nbf` checked with the configured leeway; built once.
+    /// HS256, with `aud` and `iss` required and checked when configured; built once. `exp`
+    /// and `nbf` are checked by [`crate::identity`] (a number, compared with `leeway`), not by
+    /// the crate, which lets a claim that is not an integer pass.
     pub validation: jsonwebtoken::Validation,
     pub user_claim: String,
     pub tier_claim: String,
+    /// A token without `exp` is refused (default).
+    pub require_exp: bool,
+    /// The accepted `aud` values; empty: `aud` is not checked.
+    pub audience: Vec<String>,
+    /// The accepted `iss` values; empty: `iss` is not checked.
+    pub issuer: Vec<String>,
 }
 
 impl std::fmt::Debug for JwtSettings {
@@ -39,6 +48,9 @@ impl std::fmt::Debug for JwtSettings {
             .field("user_claim", &self.user_claim)
             .field("tier_claim", &self.tier_claim)
             .field("leeway_s", &self.validation.leeway)
+            .field("require_exp", &self.require_exp)
+            .field("audience", &self.audience)
+            .field("issuer", &self.issuer)
             .finish()
     }
 }
@@ -103,11 +115,25 @@ fn jwt(errs: &mut Errors, j: raw::Jwt) -> Option<JwtSettings> {
         &j.hs256_secret_env,
         "the HS256 secret",
     )?;
+    let audience = strings(errs, "identity.jwt.audience", j.audience);
+    let issuer = strings(errs, "identity.jwt.issuer", j.issuer);
     let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);
     validation.required_spec_claims.clear();
-    validation.validate_exp = true;
-    validation.validate_nbf = true;
+    // Checked in `identity`, where a claim that is not a number is refused.
+    validation.validate_exp = false;
+    validation.validate_nbf = false;
     validation.leeway = leeway.as_secs();
+    // Without an audience configured, `aud` is not ours to check (the crate would refuse every
+    // token that has one); with one, a token must name it.
+    validation.validate_aud = !audience.is_empty();
+    if !audience.is_empty() {
+        validation.set_audience(&audience);
+        validation.required_spec_claims.insert("aud".into());
+    }
+    if !issuer.is_empty() {
+        validation.set_issuer(&issuer);
+        validation.required_spec_claims.insert("iss".into());
+    }
     Some(JwtSettings {
         header,
         key: jsonwebtoken::DecodingKey::from_secret(secret.as_bytes()),
@@ -118,5 +144,41 @@ fn jwt(errs: &mut Errors, j: raw::Jwt) -> Option<JwtSettings> {
         tier_claim: j
             .tier_claim
             .unwrap_or_else(|| defaults::JWT_TIER_CLAIM.to_string()),
+        require_exp: j.require_exp.unwrap_or(true),
+        audience,
+        issuer,
     })
+}
+
+/// A string or a list of strings, none empty; nothing when absent (or wrong: reported).
+fn strings(errs: &mut Errors, path: &str, v: Option<serde_yaml::Value>) -> Vec<String> {
+    use serde_yaml::Value;
+    let one = |errs: &mut Errors, at: &str, v: &Value| match v {
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        Value::String(_) => {
+            errs.at(at, "must not be empty");
+            None
+        }
+        _ => {
+            errs.at(at, "must be a string");
+            None
+        }
+    };
+    match v {
+        None => Vec::new(),
+        Some(Value::Sequence(items)) if items.is_empty() => {
+            errs.at(path, "must name at least one value (or be left out)");
+            Vec::new()
+        }
+        Some(Value::Sequence(items)) => items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| one(errs, &format!("{path}[{i}]"), v))
+            .collect(),
+        Some(v @ Value::String(_)) => one(errs, path, &v).into_iter().collect(),
+        Some(_) => {
+            errs.at(path, "must be a string or a list of strings");
+            Vec::new()
+        }
+    }
 }

@@ -2,7 +2,7 @@
 //! runtime [`Config`] that every request reads through one [`arc_swap`] snapshot.
 //!
 //! This is the ground floor: it imports nothing of the crate but the pure [`crate::limit`]
-//! types. One file per section (`server`, `store`, `identity`, `tiers`, `routes`, `limits`,
+//! types and [`crate::redact`] (how a URL is shown in an error). One file per section (`server`, `store`, `identity`, `tiers`, `routes`, `limits`,
 //! `shedding`) holds the section's validated types and its validation; [`defaults`] holds
 //! every default; `document` puts a whole file together.
 //!
@@ -45,7 +45,7 @@ pub use limits::{
     MAX_KEY_PARTS, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,
 };
 pub use problem::{RateLimitedBody, QUOTA_EXCEEDED};
-pub use quotas::{redact_password, QuotaSettings};
+pub use quotas::QuotaSettings;
 pub use routes::{Route, RouteId, Upstream, UpstreamId, UpstreamTimeouts};
 pub use server::{EscapedSlashes, HttpSettings, PathNormalization, ServerSettings};
 pub use shedding::{Priority, Shedding, TestTraffic};
@@ -114,6 +114,9 @@ pub struct Startup {
     pub store: StoreSettings,
     /// `quotas`; `None`: no quota store.
     pub quotas: Option<QuotaSettings>,
+    /// `admin.max_connections` (also in [`AdminSettings`]), so that a reload that changes it
+    /// is reported like every other setting read at start.
+    pub admin_max_connections: usize,
 }
 
 impl Startup {
@@ -145,6 +148,10 @@ impl Startup {
                 "server.preserve_header_case",
                 a.preserve_header_case != b.preserve_header_case,
             ),
+            (
+                "server.ready_requires_store",
+                a.ready_requires_store != b.ready_requires_store,
+            ),
             ("store.backend", s.backend != t.backend),
             ("store.url/cluster_nodes/sentinel", s.redis != t.redis),
             ("store.timeout", s.timeout != t.timeout),
@@ -156,6 +163,10 @@ impl Startup {
                 s.over_limit_entries != t.over_limit_entries,
             ),
             ("quotas", self.quotas != next.quotas),
+            (
+                "admin.max_connections",
+                self.admin_max_connections != next.admin_max_connections,
+            ),
         ]
         .into_iter()
         .filter_map(|(path, changed)| changed.then_some(path))

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::errors::Errors;
 use super::{defaults, raw};
+use crate::redact;
 
 /// `quotas`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,38 +27,27 @@ impl QuotaSettings {
         }
     }
 
-    /// The database URL with any password replaced, for logs and `/readyz`.
+    /// The database URL with its password and credential query values hidden
+    /// ([`crate::redact::url`]), for logs, `/readyz` and `/admin/v1/config`.
     pub fn database_redacted(&self) -> String {
-        redact_password(&self.database)
-    }
-}
-
-/// `scheme://user:secret@host` → `scheme://user:***@host`.
-pub fn redact_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    match rest.split_once('@') {
-        Some((userinfo, host)) if userinfo.contains(':') => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            format!("{scheme}://{user}:***@{host}")
-        }
-        _ => url.to_string(),
+        redact::url_shown(&self.database)
     }
 }
 
 pub(super) fn validate(errs: &mut Errors, r: raw::Quotas) -> QuotaSettings {
-    let ok = ["postgres://", "postgresql://", "sqlite:"]
+    let postgres = ["postgres://", "postgresql://"]
         .iter()
         .any(|p| r.database.starts_with(p));
-    if !ok {
-        errs.at(
-            "quotas.database",
-            format!(
-                "{:?} is not a PostgreSQL or SQLite URL (postgres://user@host/db, sqlite://PATH)",
-                redact_password(&r.database)
-            ),
-        );
+    let what = "a PostgreSQL or SQLite URL (postgres://user@host/db, sqlite://PATH)";
+    match redact::url(&r.database) {
+        // sqlx reads a SQLite path itself; a PostgreSQL URL must parse.
+        Err(e) if postgres || !r.database.starts_with("sqlite:") => {
+            errs.at("quotas.database", format!("not {what}: {e}"));
+        }
+        Ok(shown) if !postgres && !r.database.starts_with("sqlite:") => {
+            errs.at("quotas.database", format!("{shown:?} is not {what}"));
+        }
+        _ => {}
     }
     let refresh = r
         .refresh
@@ -77,19 +67,35 @@ pub(super) fn validate(errs: &mut Errors, r: raw::Quotas) -> QuotaSettings {
 mod tests {
     use super::*;
 
+    fn errors(database: &str) -> Vec<String> {
+        let mut errs = Errors::new("g.yaml");
+        let raw = raw::Quotas {
+            database: database.into(),
+            refresh: None,
+        };
+        let shown = validate(&mut errs, raw).database_redacted();
+        assert!(!shown.contains("s3cret"), "{shown}");
+        errs.finish().err().map_or(Vec::new(), |e| e.0)
+    }
+
     #[test]
-    fn passwords_are_redacted() {
+    fn a_database_url_error_never_shows_its_password() {
         assert_eq!(
-            redact_password("postgres://app:s3cret@db:5432/quotas"),
-            "postgres://app:***@db:5432/quotas"
+            errors("postgres://app:s3cret@db/q?sslmode=require"),
+            Vec::<String>::new()
+        );
+        assert_eq!(errors("sqlite:///var/lib/q.db"), Vec::<String>::new());
+        assert_eq!(
+            errors("mysql://app:s3cret@db/q?password=s3cret"),
+            ["g.yaml: quotas.database: \"mysql://app:***@db/q?password=***\" is not a PostgreSQL or SQLite URL (postgres://user@host/db, sqlite://PATH)"]
         );
         assert_eq!(
-            redact_password("postgres://app@db/quotas"),
-            "postgres://app@db/quotas"
+            errors("postgres://app:s3cret@db:port/q"),
+            ["g.yaml: quotas.database: not a PostgreSQL or SQLite URL (postgres://user@host/db, sqlite://PATH): it does not parse as a URL (invalid port number); it is not shown, as it may hold a password"]
         );
         assert_eq!(
-            redact_password("sqlite:///var/lib/q.db"),
-            "sqlite:///var/lib/q.db"
+            errors("app:s3cret@db"),
+            ["g.yaml: quotas.database: \"app:***\" is not a PostgreSQL or SQLite URL (postgres://user@host/db, sqlite://PATH)"]
         );
     }
 }

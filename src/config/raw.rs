@@ -40,6 +40,8 @@ pub struct Server {
     pub upgrade_sock: Option<String>,
     /// Forward HTTP/1 header names with the case they arrived in; defaults to `false`.
     pub preserve_header_case: Option<bool>,
+    /// `/readyz` answers 503 while the store is unreachable; defaults to `false`.
+    pub ready_requires_store: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -118,6 +120,12 @@ pub struct Jwt {
     pub tier_claim: Option<String>,
     /// Clock skew allowed when checking `exp` and `nbf` (default 0s).
     pub leeway: Option<String>,
+    /// The `aud` values accepted: a string or a list of strings.
+    pub audience: Option<serde_yaml::Value>,
+    /// The `iss` values accepted: a string or a list of strings.
+    pub issuer: Option<serde_yaml::Value>,
+    /// Refuse tokens without `exp` (default true).
+    pub require_exp: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -249,6 +257,10 @@ pub struct AccessLog {
 pub struct Admin {
     /// The environment variable that holds the admin bearer token.
     pub token_env: Option<String>,
+    /// Host names the admin listener answers to, besides IP literals and `localhost`.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Connections the admin listener holds at most.
+    pub max_connections: Option<usize>,
 }
 
 // ---- end observability ----

@@ -1,6 +1,6 @@
 //! `server`: what is read once at start ([`ServerSettings`]: listeners, threads, connection
-//! limits, shutdown) and what every request reads from its snapshot and a reload changes
-//! ([`HttpSettings`]: keep-alive, head, URI and body size limits, path normalization).
+//! limits, shutdown, readiness) and what every request reads from its snapshot and a reload
+//! changes ([`HttpSettings`]: keep-alive, head, URI and body size limits, path normalization).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,8 +37,9 @@ pub struct ServerSettings {
     /// Only connections a peak
     /// needed are ever open; each closes after the upstream's `idle`.
     pub upstream_keepalive_pool: usize,
-    /// Where a `--upgrade` process takes the listening sockets over; `None`: derived from the
-    /// proxy port.
+    /// Where a `--upgrade` process takes the listening sockets over; `None`: one per proxy port
+    /// in a private directory (`crate::upgrade`: `$XDG_RUNTIME_DIR/tollgate`, `/run/tollgate`
+    /// as root, else `tollgate-<uid>` in the temp directory, mode 0700).
     pub upgrade_sock: Option<PathBuf>,
     /// Forward HTTP/1 header names, both ways, with the case they arrived in (`true`), or
     /// (`false`, the default, as Envoy and HAProxy do) in their titled form for the common
@@ -48,6 +49,14 @@ pub struct ServerSettings {
     /// (`loadtest/log/2026-11-26-four-framework-cuts.md`). For clients or upstreams that
     /// wrongly depend on case.
     pub preserve_header_case: bool,
+    /// `/readyz` answers 503 while the store is unreachable (`true`), or (`false`, the
+    /// default) only while the gateway cannot serve: it is draining. Every limit has an
+    /// `on_error` policy that answers while the store is down, so a store outage taking every
+    /// gateway out of the balancer's rotation at once would turn it into a total outage; the
+    /// store's state stays in `/readyz`'s body, in the metrics and in the alerts. For a fleet
+    /// where a gateway without its store should get no traffic (another fleet with a healthy
+    /// store takes it).
+    pub ready_requires_store: bool,
 }
 
 words! {
@@ -183,6 +192,9 @@ pub(super) fn validate(
         preserve_header_case: r
             .preserve_header_case
             .unwrap_or(defaults::PRESERVE_HEADER_CASE),
+        ready_requires_store: r
+            .ready_requires_store
+            .unwrap_or(defaults::READY_REQUIRES_STORE),
     };
     (server, http)
 }

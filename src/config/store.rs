@@ -140,9 +140,16 @@ pub(super) fn validate(
     (settings, failure)
 }
 
+/// A Redis URL is shown in an error only with its password hidden, and not at all when it
+/// does not parse ([`crate::redact::url`]).
 fn check_url(errs: &mut Errors, path: &str, u: &str) {
-    if let Err(e) = redis::Client::open(u) {
-        errs.at(path, format!("{u:?} is not a Redis URL: {e}"));
+    match crate::redact::url(u) {
+        Err(e) => errs.at(path, format!("not a Redis URL: {e}")),
+        Ok(shown) => {
+            if let Err(e) = redis::Client::open(u) {
+                errs.at(path, format!("{shown:?} is not a Redis URL: {e}"));
+            }
+        }
     }
 }
 

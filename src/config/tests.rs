@@ -172,6 +172,32 @@ fn header_case_is_discarded_unless_preserved_and_is_a_startup_setting() {
 }
 
 #[test]
+fn readiness_follows_the_store_only_when_asked_and_that_is_a_startup_setting() {
+    let requires = |server: &str| {
+        check(&format!("{MIN}server: {{ {server} }}\n"))
+            .map(|c| c.startup.server.ready_requires_store)
+    };
+    assert_eq!(requires("threads: 1"), Ok(false));
+    assert_eq!(requires("ready_requires_store: true"), Ok(true));
+    assert_eq!(requires("ready_requires_store: false"), Ok(false));
+    let err = requires("ready_requires_store: sometimes")
+        .unwrap_err()
+        .join("\n");
+    assert!(
+        err.contains(
+            "server.ready_requires_store: invalid type: string \"sometimes\", expected a boolean"
+        ),
+        "{err}"
+    );
+    let a = check(&format!("{MIN}server: {{ ready_requires_store: true }}\n")).unwrap();
+    let b = check(MIN).unwrap();
+    assert_eq!(
+        a.startup.changes(&b.startup),
+        ["server.ready_requires_store"]
+    );
+}
+
+#[test]
 fn the_upstream_keepalive_pool_defaults_to_1024_per_thread_and_is_a_startup_setting() {
     let pool = |server: &str| {
         check(&format!("{MIN}server: {{ {server} }}\n"))
@@ -240,4 +266,13 @@ fn store_lease_applies_to_every_limit_that_can_lease_unless_it_sets_its_own() {
         check(MIN).unwrap().startup.store.over_limit_entries,
         100_000
     );
+}
+
+#[test]
+fn a_reload_that_changes_the_admin_cap_is_reported_as_applied_on_restart() {
+    let a = check(&format!("{MIN}admin: {{ max_connections: 8 }}\n")).unwrap();
+    let b = check(MIN).unwrap();
+    assert_eq!(a.startup.admin_max_connections, 8);
+    assert_eq!(b.startup.admin_max_connections, 64);
+    assert_eq!(a.startup.changes(&b.startup), ["admin.max_connections"]);
 }

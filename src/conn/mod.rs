@@ -7,9 +7,17 @@
 //!   is cut); a connection that sends nothing is cut at the same deadline;
 //! - **an idle keep-alive connection** is closed after `server.keepalive_timeout`, measured
 //!   from the end of its last request, whatever the client's `Keep-Alive: timeout=` says;
+//! - **the size of every head** while it arrives: past `server.max_request_header_bytes` the
+//!   connection answers `431` itself and closes, before Pingora has buffered more of it (its own
+//!   cap is about 1 MB, a constant);
 //! - **at most `server.max_connections`** connections: at the cap the oldest idle keep-alive
 //!   connection is closed to make room, and only when none is idle is a new one refused;
 //! - **draining**: at shutdown every idle connection is closed at once.
+//!
+//! The admin listener has a table of its own ([`Connections::admin`]), with its own small cap
+//! (`admin.max_connections`), the same deadlines and head size, and at its cap it also closes
+//! the oldest connection that has not sent a byte: idle admin connections can neither hold the
+//! file descriptors the proxy needs nor keep `/healthz` out.
 //!
 //! It also tells how many requests are in flight (a head arriving, or a request in progress),
 //! counted when asked, which the shutdown waits for.
@@ -19,8 +27,10 @@
 //! [`ConnState::of`]: `early_request_filter` marks it busy, `logging` idle.
 //!
 //! Phase: connection, before, between and after requests. The per-request cost is a few
-//! atomic loads and stores and one compare-exchange (a head's start); the registry's mutex is
-//! taken on connect and close only, and scanned only at the cap, by `/stats` and at shutdown.
+//! atomic loads and stores and one compare-exchange (a head's start), and an addition and a
+//! comparison per read of a head (its size); a head is scanned for its end only by the read
+//! that takes it past the limit. The registry's mutex is taken on connect and close only, and
+//! scanned only at the cap, by `/stats` and at shutdown.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -40,7 +50,12 @@ use tokio::time::Instant;
 
 use crate::store::KeyMemo;
 
+mod admin;
+mod files;
+mod head_size;
 mod tracked;
+pub use admin::Phased;
+pub use files::proxy_cap;
 pub use tracked::Tracked;
 
 /// Accepted; no byte of a head yet.
@@ -74,13 +89,22 @@ pub struct ConnStats {
     pub head_timeouts: AtomicU64,
     /// Idle keep-alive connections closed after `keepalive_timeout`.
     pub idle_timeouts: AtomicU64,
+    /// Heads that passed `max_request_header_bytes` while arriving: answered `431`, closed.
+    pub heads_too_large: AtomicU64,
 }
 
-/// Every connection of the proxy listener.
+/// Every connection of one listener: the proxy's, or the admin listener's
+/// ([`Connections::admin`]).
 #[derive(Debug)]
 pub struct Connections {
     cap: usize,
+    /// At the cap, a connection that has not sent a byte may be closed too (the admin table).
+    evict_silent: bool,
     header_timeout: Duration,
+    /// `server.max_request_header_bytes`, kept current by reloads.
+    max_head: AtomicUsize,
+    /// The `431` written to a head over `max_head`.
+    too_large: Box<[u8]>,
     origin: Instant,
     open: AtomicUsize,
     next_id: AtomicU64,
@@ -105,11 +129,29 @@ pub struct ConnState {
 }
 
 impl Connections {
-    /// At most `cap` connections; every head within `header_timeout`.
-    pub fn new(cap: usize, header_timeout: Duration) -> Arc<Connections> {
+    /// At most `cap` connections; every head within `header_timeout` and `max_head` bytes.
+    pub fn new(cap: usize, header_timeout: Duration, max_head: usize) -> Arc<Connections> {
+        Connections::build(cap, header_timeout, max_head, false)
+    }
+
+    /// The admin listener's table: as [`Connections::new`], and at the cap the oldest
+    /// connection that is idle or has not sent a byte yet is closed to make room.
+    pub fn admin(cap: usize, header_timeout: Duration, max_head: usize) -> Arc<Connections> {
+        Connections::build(cap, header_timeout, max_head, true)
+    }
+
+    fn build(
+        cap: usize,
+        header_timeout: Duration,
+        max_head: usize,
+        evict_silent: bool,
+    ) -> Arc<Connections> {
         Arc::new(Connections {
             cap: cap.max(1),
+            evict_silent,
             header_timeout,
+            max_head: AtomicUsize::new(max_head),
+            too_large: crate::refusal::header_too_large_wire().into_boxed_slice(),
             origin: Instant::now(),
             open: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
@@ -143,6 +185,11 @@ impl Connections {
         self.cap
     }
 
+    /// A reload's `server.max_request_header_bytes`, for the heads that start from now on.
+    pub fn set_max_head(&self, bytes: usize) {
+        self.max_head.store(bytes, Ordering::Relaxed);
+    }
+
     /// Register a new connection, closing the oldest idle one at the cap; `None`: refused.
     fn admit(self: &Arc<Self>, peer: Option<IpAddr>) -> Option<Arc<ConnState>> {
         if self.open.fetch_add(1, Ordering::AcqRel) >= self.cap && !self.evict_oldest_idle() {
@@ -151,12 +198,14 @@ impl Connections {
             return None;
         }
         self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+        let now = self.now_ms();
         let state = Arc::new(ConnState {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             table: self.clone(),
             phase: AtomicU8::new(FRESH),
-            deadline_ms: AtomicU64::new(self.now_ms() + self.header_timeout.as_millis() as u64),
-            idle_since_ms: AtomicU64::new(0),
+            deadline_ms: AtomicU64::new(now + self.header_timeout.as_millis() as u64),
+            // For the admin table's eviction of silent connections: the oldest first.
+            idle_since_ms: AtomicU64::new(now),
             waker: Mutex::new(None),
             peer: peer.and_then(|ip| {
                 let mut text = Vec::with_capacity(15);
@@ -178,16 +227,21 @@ impl Connections {
     }
 
     fn idle_connections(&self) -> Vec<Arc<ConnState>> {
+        self.connections_in(|phase| phase == IDLE)
+    }
+
+    fn connections_in(&self, which: impl Fn(u8) -> bool) -> Vec<Arc<ConnState>> {
         self.live
             .lock()
             .values()
             .filter_map(Weak::upgrade)
-            .filter(|c| c.phase.load(Ordering::Acquire) == IDLE)
+            .filter(|c| which(c.phase.load(Ordering::Acquire)))
             .collect()
     }
 
     fn evict_oldest_idle(&self) -> bool {
-        let mut idle = self.idle_connections();
+        let silent = self.evict_silent;
+        let mut idle = self.connections_in(|phase| phase == IDLE || (silent && phase == FRESH));
         idle.sort_by_key(|c| c.idle_since_ms.load(Ordering::Relaxed));
         let evicted = idle.iter().any(|c| c.kill());
         if evicted {
@@ -230,6 +284,7 @@ impl Connections {
             "idle_closed_at_cap": n(&s.evicted_idle),
             "head_timeouts": n(&s.head_timeouts),
             "idle_timeouts": n(&s.idle_timeouts),
+            "heads_too_large": n(&s.heads_too_large),
         })
     }
 }
@@ -237,7 +292,12 @@ impl Connections {
 impl ConnState {
     /// The state of the connection a request arrived on.
     pub fn of(session: &Session) -> Option<&Arc<ConnState>> {
-        let stream = session.stream()?;
+        ConnState::of_stream(session.stream())
+    }
+
+    /// The state of a tracked connection's stream.
+    pub fn of_stream(stream: Option<&Stream>) -> Option<&Arc<ConnState>> {
+        let stream = stream?;
         stream.as_any().downcast_ref::<Tracked>().map(|t| &t.state)
     }
 
@@ -270,11 +330,16 @@ impl ConnState {
         }
     }
 
-    /// Close the connection if it is idle: its next read sees the end of the stream.
+    /// Close the connection if it is idle (or, in the admin table, has not sent a byte): its
+    /// next read sees the end of the stream.
     fn kill(&self) -> bool {
+        let from = self.phase.load(Ordering::Acquire);
+        if from != IDLE && !(from == FRESH && self.table.evict_silent) {
+            return false;
+        }
         let killed = self
             .phase
-            .compare_exchange(IDLE, KILLED, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(from, KILLED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if killed {
             // Woken by reference: the waker stays, as the stream remembers leaving it.
@@ -362,7 +427,7 @@ mod tests {
     /// counted when asked.
     #[test]
     fn requests_in_flight_are_the_connections_with_a_head_arriving_or_a_request_running() {
-        let table = Connections::new(10, Duration::from_secs(5));
+        let table = Connections::new(10, Duration::from_secs(5), 65_536);
         let (a, b) = (table.admit(None).unwrap(), table.admit(None).unwrap());
         assert_eq!((table.in_flight(), table.fresh()), (0, 2));
         a.head_started();
@@ -376,5 +441,28 @@ mod tests {
         assert_eq!(table.in_flight(), 2);
         table.close(&b);
         assert_eq!((table.in_flight(), table.fresh(), table.open()), (1, 0, 1));
+    }
+
+    /// At the cap the proxy's table refuses a new connection while the others have sent
+    /// nothing; the admin table closes the oldest of them instead.
+    #[test]
+    fn at_the_cap_only_the_admin_table_closes_a_silent_connection() {
+        let proxy = Connections::new(2, Duration::from_secs(5), 65_536);
+        let (_a, _b) = (proxy.admit(None).unwrap(), proxy.admit(None).unwrap());
+        assert!(proxy.admit(None).is_none());
+        let admin = Connections::admin(2, Duration::from_secs(5), 65_536);
+        let a = admin.admit(None).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let b = admin.admit(None).unwrap();
+        b.head_started();
+        let c = admin.admit(None).expect("the silent one made room");
+        c.head_started();
+        assert_eq!(a.phase.load(Ordering::Acquire), KILLED);
+        assert_eq!(
+            b.phase.load(Ordering::Acquire),
+            HEAD,
+            "a head arriving is kept"
+        );
+        assert!(admin.admit(None).is_none(), "no silent or idle one left");
     }
 }

@@ -1,5 +1,5 @@
-//! [`Tracked`]: the downstream byte stream with its connection's deadlines, applied in
-//! `poll_read` (see the parent module).
+//! [`Tracked`]: the downstream byte stream with its connection's deadlines and head size,
+//! applied in `poll_read` (see the parent module).
 
 use std::future::Future;
 use std::io;
@@ -18,7 +18,12 @@ use pingora_core::protocols::{
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
+use super::head_size::ends_within;
 use super::{ConnState, BUSY, DEADLINE_UNSET, IDLE, KILLED};
+
+/// Bytes a refused head may still have waiting that are read and dropped before the
+/// connection closes, so that it ends with a FIN after the `431` rather than a reset.
+const DISCARD_AT_CLOSE: usize = 64 * 1024;
 
 /// The downstream byte stream with the connection's deadlines.
 #[derive(Debug)]
@@ -33,6 +38,10 @@ pub struct Tracked {
     /// The waker last left in the connection's state for [`ConnState::kill`]: while a read
     /// would wake the same task, it is there already, and the state's lock is not taken.
     kill_waker: Option<Waker>,
+    /// Bytes of the head arriving read so far (Pingora's pipelined leftovers aside).
+    head_read: usize,
+    /// The head passed the limit: how much of the `431` has been written.
+    refusing: Option<usize>,
 }
 
 impl Tracked {
@@ -44,23 +53,42 @@ impl Tracked {
             armed_for: 0,
             timer_waker: None,
             kill_waker: None,
+            head_read: 0,
+            refusing: None,
         }
     }
 
     /// Wait, at most until the head's deadline, for the first byte of the first request
     /// (peeked: Pingora reads it again); then the connection has a head arriving, a request in
-    /// flight. `false` when the client closed or sent nothing in time.
+    /// flight. `false` when the client closed or sent nothing in time, or (in the admin table)
+    /// the connection was closed meanwhile to make room ([`ConnState::kill`]).
     pub(super) async fn first_byte(&mut self) -> bool {
-        let deadline_ms = self.state.deadline_ms.load(Ordering::Acquire);
-        let at = self.state.table.origin + Duration::from_millis(deadline_ms.saturating_sub(1));
+        let state = &self.state;
+        let deadline_ms = state.deadline_ms.load(Ordering::Acquire);
+        let at = state.table.origin + Duration::from_millis(deadline_ms.saturating_sub(1));
         let mut byte = [0u8; 1];
-        match tokio::time::timeout_at(at, self.inner.try_peek(&mut byte)).await {
-            Ok(Ok(true)) => {
+        let peek = tokio::time::timeout_at(at, self.inner.try_peek(&mut byte));
+        let mut peek = std::pin::pin!(peek);
+        let peeked = std::future::poll_fn(|cx| {
+            if let Poll::Ready(peeked) = peek.as_mut().poll(cx) {
+                return Poll::Ready(Some(peeked));
+            }
+            if state.table.evict_silent {
+                *state.waker.lock() = Some(cx.waker().clone());
+                if state.phase.load(Ordering::Acquire) == KILLED {
+                    return Poll::Ready(None);
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        match peeked {
+            Some(Ok(Ok(true))) => {
                 self.state.head_started();
                 true
             }
-            Ok(_) => false,
-            Err(_) => {
+            None | Some(Ok(_)) => false,
+            Some(Err(_)) => {
                 let stats = &self.state.table.stats;
                 stats.head_timeouts.fetch_add(1, Ordering::Relaxed);
                 false
@@ -115,14 +143,77 @@ impl Tracked {
         }
     }
 
-    /// Read from the client; the first bytes of a head start its deadline.
+    /// Read a head from the client; its first bytes start its deadline. A read that takes the
+    /// head past `max_request_header_bytes`, unless the head ends within the limit, is not
+    /// handed on: the connection answers `431` and closes instead.
     fn read_into(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let read = Pin::new(&mut *self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
+        let n = buf.filled().len() - before;
+        if n > 0 {
             self.state.head_started();
+            self.head_read += n;
+            let max = self.state.table.max_head.load(Ordering::Relaxed);
+            if self.head_read > max {
+                let room = (max + n).saturating_sub(self.head_read);
+                if !ends_within(&buf.filled()[before..], room) {
+                    buf.set_filled(before);
+                    let stats = &self.state.table.stats;
+                    stats.heads_too_large.fetch_add(1, Ordering::Relaxed);
+                    self.refusing = Some(0);
+                    return self.poll_refuse(cx);
+                }
+            }
         }
         read
+    }
+
+    /// Write the `431`, half-close, drop what the client has already sent, and end the
+    /// stream with an error (Pingora then closes the connection). A client that does not read
+    /// the answer is cut at the head's deadline.
+    fn poll_refuse(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut sent = self.refusing.unwrap_or(0);
+        let len = self.state.table.too_large.len();
+        while sent < len {
+            let rest = &self.state.table.too_large[sent..];
+            match Pin::new(&mut *self.inner).poll_write(cx, rest) {
+                Poll::Ready(Ok(k)) if k > 0 => sent += k,
+                Poll::Ready(_) => break,
+                Poll::Pending => {
+                    self.refusing = Some(sent);
+                    let mut deadline = self.state.deadline_ms.load(Ordering::Acquire);
+                    if deadline == DEADLINE_UNSET {
+                        let table = &self.state.table;
+                        deadline = table.now_ms() + table.header_timeout.as_millis() as u64;
+                        self.state.deadline_ms.store(deadline, Ordering::Release);
+                    }
+                    if deadline != 0 && self.deadline_passed(cx, deadline) {
+                        break;
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+        self.refusing = Some(len);
+        let _ = Pin::new(&mut *self.inner).poll_flush(cx);
+        let _ = Pin::new(&mut *self.inner).poll_shutdown(cx);
+        let mut dropped = 0;
+        let mut scratch = [0u8; 4096];
+        while dropped < DISCARD_AT_CLOSE {
+            let mut rb = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut *self.inner).poll_read(cx, &mut rb) {
+                Poll::Ready(Ok(())) if !rb.filled().is_empty() => dropped += rb.filled().len(),
+                _ => break,
+            }
+        }
+        let max = self.state.table.max_head.load(Ordering::Relaxed);
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the request head passed server.max_request_header_bytes ({max}): answered 431 \
+                 and closed"
+            ),
+        )))
     }
 
     /// A read between requests. The next head's first bytes, when they are already there, are
@@ -133,8 +224,10 @@ impl Tracked {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        // The next head starts here.
+        self.head_read = 0;
         let read = self.read_into(cx, buf);
-        if read.is_ready() {
+        if read.is_ready() || self.refusing.is_some() {
             return read;
         }
         // Left for [`ConnState::kill`] once per task (a kill wakes it and leaves it there).
@@ -183,6 +276,9 @@ impl AsyncRead for Tracked {
             let table = &this.state.table;
             deadline = table.now_ms() + table.header_timeout.as_millis() as u64;
             this.state.deadline_ms.store(deadline, Ordering::Release);
+        }
+        if this.refusing.is_some() {
+            return this.poll_refuse(cx);
         }
         if deadline != 0 && this.deadline_passed(cx, deadline) {
             let stats = &this.state.table.stats;

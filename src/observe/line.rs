@@ -5,9 +5,12 @@
 //! What is logged never holds a secret: the API key appears only as its fingerprint, the
 //! `Authorization` header is never read into the line, the path loses its query string, and
 //! client-chosen fields (path, user agent, request id) have any copy of the caller's API key
-//! or bearer token replaced, and anything shaped like a JWT too ([`scrub`]).
+//! or bearer token replaced, and anything shaped like a JWT too ([`scrub`]). Pingora's own
+//! error lines say of a request only what [`summary`] gives: the method, the path as logged
+//! here and the route.
 //!
-//! Phase: the end of a request, only while the access log is on.
+//! Phase: the end of a request, only while the access log is on; [`summary`] when Pingora
+//! logs a failed request.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -19,11 +22,10 @@ use super::format::{self, key, Value};
 use super::{api_key, digest_peer_ip, Observer, Record, Verdict, REQUEST_ID_NAME};
 use crate::config::{AccessLogFormat, Config, RouteId};
 use crate::fingerprint::{fingerprint, Fingerprint};
+use crate::redact::scrub;
 
 /// Paths longer than this are cut.
 const MAX_PATH: usize = 2048;
-/// Secrets shorter than this are not searched for (they would match ordinary text).
-const MIN_SECRET: usize = 6;
 
 /// The path (already without its query string) with `//` collapsed and `.` and `..` segments
 /// resolved, cut at [`MAX_PATH`] bytes. Borrowed when it is already so.
@@ -64,48 +66,6 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// `v` with every copy of a secret replaced by what stands for it (the API key by its
-/// fingerprint, a bearer token by `[token]`), and anything shaped like a JWT (`eyJ…` with two
-/// dots) by `[jwt]`. Borrowed when there is nothing to replace.
-pub fn scrub<'v>(v: &'v str, secrets: &[(&str, &str)]) -> Cow<'v, str> {
-    let mut out = Cow::Borrowed(v);
-    for (secret, replacement) in secrets.iter().filter(|(s, _)| s.len() >= MIN_SECRET) {
-        if out.contains(secret) {
-            out = Cow::Owned(out.replace(secret, replacement));
-        }
-    }
-    while let Some((start, end)) = find_jwt(&out) {
-        out.to_mut().replace_range(start..end, "[jwt]");
-    }
-    out
-}
-
-/// The byte range of the first JWT-shaped run: `eyJ` followed by base64url characters with
-/// two dots or more inside.
-fn find_jwt(s: &str) -> Option<(usize, usize)> {
-    let is_b64 = |c: u8| c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'.';
-    let b = s.as_bytes();
-    let mut from = 0;
-    // A byte scan: most strings here are short, and `str::find` prepares a searcher first.
-    let start = |from: usize| {
-        b[from..]
-            .windows(3)
-            .position(|w| w == b"eyJ")
-            .map(|i| i + from)
-    };
-    while let Some(i) = start(from) {
-        let end = b[i..]
-            .iter()
-            .position(|&c| !is_b64(c))
-            .map_or(b.len(), |n| i + n);
-        if b[i..end].iter().filter(|&&c| c == b'.').count() >= 2 {
-            return Some((i, end));
-        }
-        from = i + 3;
-    }
-    None
-}
-
 /// What the client chose, scrubbed of secrets, and the API key's fingerprint.
 struct Client<'r> {
     fp: Option<Fingerprint>,
@@ -116,38 +76,75 @@ struct Client<'r> {
     user_agent: Option<Cow<'r, str>>,
 }
 
-fn client_strings<'r>(cfg: &Config, session: &'r Session, rec: &'r Record) -> Client<'r> {
-    let req = session.req_header();
-    let key = api_key(cfg, session);
-    let fp = key.map(fingerprint);
+/// The caller's API key and its fingerprint, and its bearer token (when a JWT is configured).
+type Credentials<'r> = (Option<(&'r str, Fingerprint)>, Option<&'r str>);
+
+fn credentials<'r>(cfg: &Config, session: &'r Session) -> Credentials<'r> {
+    let key = api_key(cfg, session).map(|k| (k, fingerprint(k)));
     let bearer = cfg
         .identity
         .jwt
         .as_ref()
-        .and_then(|j| req.headers.get(&j.header))
+        .and_then(|j| session.req_header().headers.get(&j.header))
         .and_then(|v| v.to_str().ok())
         .map(|v| v.strip_prefix("Bearer ").unwrap_or(v));
+    (key, bearer)
+}
+
+/// What [`scrub`] replaces: the API key by its fingerprint, the bearer token by `[token]`.
+fn secrets<'a>(creds: &'a Credentials<'_>) -> [(&'a str, &'a str); 2] {
     let mut secrets: [(&str, &str); 2] = [("", ""); 2];
-    if let (Some(k), Some(fp)) = (key, &fp) {
+    if let Some((k, fp)) = &creds.0 {
         secrets[0] = (k, fp.as_str());
     }
-    if let Some(b) = bearer {
+    if let Some(b) = creds.1 {
         secrets[1] = (b, "[token]");
     }
+    secrets
+}
+
+/// The request's path as the log shows it: normal form, no query, secrets scrubbed.
+fn logged_path<'r>(session: &'r Session, secrets: &[(&str, &str)]) -> Cow<'r, str> {
+    match normalize_path(session.req_header().uri.path()) {
+        Cow::Borrowed(p) => scrub(p, secrets),
+        Cow::Owned(p) => Cow::Owned(scrub(&p, secrets).into_owned()),
+    }
+}
+
+/// What Pingora's own log lines (a failed or retried proxy) say of a request, in place of its
+/// raw request line and `Host`: `GET /path route=name` (`route=-` before routing), the path as
+/// the access log writes it.
+pub fn summary(cfg: &Config, session: &Session, route: Option<RouteId>) -> String {
+    let creds = credentials(cfg, session);
+    let path = logged_path(session, &secrets(&creds));
+    let route = route
+        .and_then(|r| cfg.routes.get(r))
+        .map_or("-", |r| &*r.name);
+    format!(
+        "{} {path} route={route}",
+        session.req_header().method.as_str()
+    )
+}
+
+fn client_strings<'r>(cfg: &Config, session: &'r Session, rec: &'r Record) -> Client<'r> {
+    let req = session.req_header();
+    let creds = credentials(cfg, session);
+    let secrets = secrets(&creds);
     let header = |name: &http::HeaderName| req.headers.get(name).and_then(|v| v.to_str().ok());
     let scrubbed = |v: &'r str| scrub(v, &secrets);
+    let request_id = match rec.generated_id {
+        Some(_) => None,
+        None => Some(scrubbed(header(&REQUEST_ID_NAME).unwrap_or("-"))),
+    };
+    let user = rec.user.as_deref().map(scrubbed);
+    let path = logged_path(session, &secrets);
+    let user_agent = header(&http::header::USER_AGENT).map(scrubbed);
     Client {
-        fp,
-        request_id: match rec.generated_id {
-            Some(_) => None,
-            None => Some(scrubbed(header(&REQUEST_ID_NAME).unwrap_or("-"))),
-        },
-        user: rec.user.as_deref().map(scrubbed),
-        path: match normalize_path(req.uri.path()) {
-            Cow::Borrowed(p) => scrubbed(p),
-            Cow::Owned(p) => Cow::Owned(scrub(&p, &secrets).into_owned()),
-        },
-        user_agent: header(&http::header::USER_AGENT).map(scrubbed),
+        fp: creds.0.map(|(_, fp)| fp),
+        request_id,
+        user,
+        path,
+        user_agent,
     }
 }
 
@@ -246,14 +243,5 @@ mod tests {
         assert_eq!(normalize_path("/x/"), "/x/");
         assert_eq!(normalize_path("/../../etc"), "/etc");
         assert_eq!(normalize_path("?k=v"), "/");
-    }
-
-    #[test]
-    fn secrets_and_jwts_are_scrubbed() {
-        let jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhIn0.c2ln";
-        assert_eq!(scrub(&format!("agent {jwt} x"), &[]), "agent [jwt] x");
-        let key = [("sk_live_123", "fp:1")];
-        assert_eq!(scrub("curl key=sk_live_123", &key), "curl key=fp:1");
-        assert!(matches!(scrub("eyJ only", &key), Cow::Borrowed("eyJ only")));
     }
 }

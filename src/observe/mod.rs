@@ -434,3 +434,4 @@ fn unix_seconds() -> u64 {
 }
 
 mod line;
+pub use line::summary;

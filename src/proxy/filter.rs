@@ -12,6 +12,7 @@ use pingora_proxy::Session;
 
 use super::finished::{pinned_in_place, Immediate};
 use super::{refused, respond, Gateway, RequestCtx};
+use crate::admin::auth;
 use crate::admission::{Admitted, Refused};
 use crate::config::Config;
 use crate::conn::ConnState;
@@ -115,6 +116,26 @@ impl Gateway {
     }
 }
 
+/// The admin listener's session cookie never goes upstream: cookies are not port-scoped, so a
+/// browser signed in to the admin page sends it to the proxy port of the same host too. Other
+/// cookies are kept. Costs a look-up of `Cookie` and, when there is one, a scan of its bytes.
+fn strip_admin_session(req: &mut pingora_http::RequestHeader) -> Result<()> {
+    let name = http::header::COOKIE;
+    let values = req.headers.get_all(&name);
+    if !values.iter().any(|v| auth::names_session(v.as_bytes())) {
+        return Ok(());
+    }
+    let kept: Vec<Vec<u8>> = values
+        .iter()
+        .filter_map(|v| auth::without_session(v.as_bytes()))
+        .collect();
+    req.remove_header(&name);
+    for v in kept {
+        req.append_header(name.clone(), v)?;
+    }
+    Ok(())
+}
+
 /// Step 0: the head's checks, and the rewrite to the path's normal form.
 fn check_head(cfg: &Config, session: &mut Session) -> std::result::Result<(), Refused> {
     let head_bytes = head::head_bytes(session);
@@ -134,7 +155,8 @@ fn check_head(cfg: &Config, session: &mut Session) -> std::result::Result<(), Re
 }
 
 /// The headers an admitted request carries upstream: its id, when the gateway made it, and
-/// `X-Forwarded-For` with the peer appended. Written into the request's own head, which
+/// `X-Forwarded-For` with the peer appended; its `Cookie` without the admin listener's session
+/// cookie ([`strip_admin_session`]). Written into the request's own head, which
 /// Pingora copies for the upstream (and again for each retry): the parsed head has room for
 /// them, where the copy, sized to exactly the headers it holds, would grow both its maps.
 fn forwarding_headers(observer: &Observer, session: &mut Session, ctx: &RequestCtx) -> Result<()> {
@@ -150,6 +172,7 @@ fn forwarding_headers(observer: &Observer, session: &mut Session, ctx: &RequestC
         _ => None,
     };
     let req = session.req_header_mut();
+    strip_admin_session(req)?;
     let id = ctx.obs.generated_id(observer);
     // Room for both at once, should the head have none left.
     req.reserve(1 + usize::from(id.is_some()));

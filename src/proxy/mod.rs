@@ -356,6 +356,15 @@ impl ProxyHttp for Gateway {
         client_gone
     }
 
+    /// What Pingora's own log lines say of a request (the ERROR line of a failed proxy, the
+    /// WARN line of a retry), in place of its raw request line and `Host`, which can hold the
+    /// caller's credentials: the method, the path as the access log writes it (no query, the
+    /// API key and bearer token replaced) and the route.
+    fn request_summary(&self, session: &Session, ctx: &Box<RequestCtx>) -> String {
+        let cfg = ctx.config.clone().unwrap_or_else(|| self.config.snapshot());
+        observe::summary(&cfg, session, ctx.route)
+    }
+
     async fn fail_to_proxy(
         &self,
         session: &mut Session,

@@ -141,10 +141,56 @@ pub fn call_of(action: &QuotaAction) -> Result<Call, String> {
         ),
         QuotaAction::Set { key, .. } => Call {
             method: Method::PUT,
-            path: format!("/admin/v1/quotas/{}", key_segment(key)),
+            path: format!(
+                "/admin/v1/quotas/{}",
+                key_segment(key.as_deref().ok_or("set: no key given")?)
+            ),
             body: Some(set_body(action)?),
         },
     })
+}
+
+/// `set --key-stdin` / `--key-env NAME`: the key read from `stdin` or the variable `env`
+/// names, put in place of the argument. One line, the line break not part of it; empty is an
+/// error.
+pub fn resolve_key(
+    action: &mut QuotaAction,
+    stdin: impl std::io::Read,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<(), String> {
+    let QuotaAction::Set {
+        key,
+        key_stdin,
+        key_env,
+        ..
+    } = action
+    else {
+        return Ok(());
+    };
+    let read = if *key_stdin {
+        let mut text = String::new();
+        let mut limited = std::io::Read::take(stdin, 64 * 1024);
+        std::io::Read::read_to_string(&mut limited, &mut text)
+            .map_err(|e| format!("--key-stdin: cannot read standard input: {e}"))?;
+        let line = text.strip_suffix('\n').unwrap_or(&text);
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.contains(['\n', '\r']) {
+            return Err("--key-stdin: standard input holds more than one line".into());
+        }
+        Some(("--key-stdin: standard input", line.to_string()))
+    } else if let Some(var) = key_env.as_deref() {
+        let v = env(var).ok_or_else(|| format!("--key-env: the variable {var} is not set"))?;
+        Some(("--key-env: the variable", v))
+    } else {
+        None
+    };
+    if let Some((from, k)) = read {
+        if k.is_empty() {
+            return Err(format!("{from} holds an empty key"));
+        }
+        *key = Some(k);
+    }
+    Ok(())
 }
 
 /// The body of `PUT /admin/v1/quotas/{key}` that `set`'s flags describe.
@@ -366,10 +412,24 @@ fn compact(v: &Value) -> String {
     parts.join(" ")
 }
 
+/// A value for a table cell: a string as it is but for control characters (and the
+/// bidirectional overrides), which are escaped (`\u{1b}`, `\n`), so a label cannot move the
+/// cursor, recolour the terminal, or forge a row.
 fn text(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
+        Value::String(s) => {
+            let mut out = String::with_capacity(s.len());
+            for c in s.chars() {
+                let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+                if c.is_control() || bidi {
+                    out.extend(c.escape_default());
+                } else {
+                    out.push(c);
+                }
+            }
+            out
+        }
         other => other.to_string(),
     }
 }
@@ -407,7 +467,9 @@ mod tests {
     #[test]
     fn set_builds_the_body_the_api_reads() {
         let set = QuotaAction::Set {
-            key: "sk live".into(),
+            key: Some("sk live".into()),
+            key_stdin: false,
+            key_env: None,
             tier: Some("gold".into()),
             label: None,
             status: Some("disabled".into()),
@@ -424,7 +486,9 @@ mod tests {
             json!({"tier": "gold", "status": "disabled", "label": null, "limits": {"api": {"limit": 5, "window": "1s"}}})
         );
         let empty = QuotaAction::Set {
-            key: "k".into(),
+            key: Some("k".into()),
+            key_stdin: false,
+            key_env: None,
             tier: None,
             label: None,
             status: None,
@@ -434,6 +498,62 @@ mod tests {
             clear: vec![],
         };
         assert!(call_of(&empty).is_err());
+    }
+
+    fn set_with(key_stdin: bool, key_env: Option<&str>) -> QuotaAction {
+        QuotaAction::Set {
+            key: None,
+            key_stdin,
+            key_env: key_env.map(str::to_string),
+            tier: Some("gold".into()),
+            label: None,
+            status: None,
+            limits: vec![],
+            effective_at: None,
+            expires_at: None,
+            clear: vec![],
+        }
+    }
+
+    #[test]
+    fn the_key_comes_from_standard_input_or_a_variable() {
+        let no_env = |_: &str| None;
+        let mut a = set_with(true, None);
+        resolve_key(&mut a, &b"sk/live key\r\n"[..], no_env).unwrap();
+        assert_eq!(
+            call_of(&a).unwrap().path,
+            "/admin/v1/quotas/sk%2Flive%20key"
+        );
+        let mut b = set_with(false, Some("MY_KEY"));
+        let env = |v: &str| (v == "MY_KEY").then(|| "from-env".to_string());
+        resolve_key(&mut b, &b""[..], env).unwrap();
+        assert_eq!(call_of(&b).unwrap().path, "/admin/v1/quotas/from-env");
+        let err =
+            |mut a: QuotaAction, input: &[u8]| resolve_key(&mut a, input, no_env).unwrap_err();
+        assert_eq!(
+            err(set_with(true, None), b"\n"),
+            "--key-stdin: standard input holds an empty key"
+        );
+        assert_eq!(
+            err(set_with(true, None), b"a\nb\n"),
+            "--key-stdin: standard input holds more than one line"
+        );
+        assert_eq!(
+            err(set_with(false, Some("NOPE")), b""),
+            "--key-env: the variable NOPE is not set"
+        );
+    }
+
+    #[test]
+    fn tables_escape_control_characters() {
+        let o = json!({"key": "fp:1a2b3c4d", "label": "acme\u{1b}[2J\nfp:00000000 forged\u{202e}", "tier": "gold", "status": "active"});
+        let t = table(&o);
+        assert_eq!(t.lines().count(), 2, "{t}");
+        assert!(!t.contains('\u{1b}') && !t.contains('\u{202e}'), "{t}");
+        assert!(
+            t.contains("acme\\u{1b}[2J\\nfp:00000000 forged\\u{202e}"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -1,42 +1,38 @@
 //! Where overrides and the audit trail are kept: PostgreSQL, or an embedded SQLite file. One
 //! schema and one set of queries for both, through sqlx's `Any` driver (`$1` markers work on
 //! both; times are Unix seconds as integers, and documents are JSON text, so nothing depends on
-//! a dialect's types). Migrations are applied at start, each at most once.
+//! a dialect's types). Migrations (`migrations/`) are applied at start by sqlx's `Migrator`.
 //!
 //! Phase: the admin API and the refresh task, never a request.
 
 use std::time::Duration;
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{AnyPool, Row};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AnyPool, Row, SqlSafeStr};
 
 use super::model::{AuditEntry, KeyHash, Override, Status};
 
-/// Every step of the schema, in order; a database is at the version of the last step applied.
-const MIGRATIONS: &[&str] = &[
-    "CREATE TABLE IF NOT EXISTS tollgate_quota_overrides (
-        key_hash     TEXT PRIMARY KEY,
-        fingerprint  TEXT NOT NULL,
-        label        TEXT,
-        tier         TEXT,
-        status       TEXT NOT NULL,
-        limits       TEXT NOT NULL,
-        effective_at BIGINT,
-        expires_at   BIGINT,
-        created_at   BIGINT NOT NULL,
-        updated_at   BIGINT NOT NULL
-    )",
-    "CREATE INDEX IF NOT EXISTS tollgate_quota_fingerprint ON tollgate_quota_overrides (fingerprint)",
-    "CREATE TABLE IF NOT EXISTS tollgate_quota_audit (
-        id          TEXT PRIMARY KEY,
-        at          BIGINT NOT NULL,
-        fingerprint TEXT NOT NULL,
-        action      TEXT NOT NULL,
-        before_doc  TEXT,
-        after_doc   TEXT,
-        client      TEXT NOT NULL
-    )",
-];
+/// The schema's migrations, in order, embedded in the binary. sqlx's `Migrator` applies each
+/// at most once, under the database's lock (PostgreSQL's advisory lock), and refuses to start
+/// if an applied one has since changed (its checksum, kept in `_sqlx_migrations`). A new step
+/// is a new file with the next number; an applied file never changes.
+fn migrator() -> Migrator {
+    let step = |version, description: &'static str, sql: &'static str| {
+        Migration::new(
+            version,
+            description.into(),
+            MigrationType::Simple,
+            sql.into_sql_str(),
+            false,
+        )
+    };
+    Migrator::with_migrations(vec![step(
+        1,
+        "quota overrides and audit",
+        include_str!("migrations/0001_quota_overrides_and_audit.sql"),
+    )])
+}
 
 /// The database could not answer.
 #[derive(Debug, thiserror::Error)]
@@ -92,24 +88,10 @@ impl Db {
     }
 
     async fn migrate(&self) -> Result<(), DbError> {
-        sqlx::query("CREATE TABLE IF NOT EXISTS tollgate_schema (version BIGINT NOT NULL)")
-            .execute(&self.pool)
-            .await?;
-        let version: Option<i64> = sqlx::query("SELECT MAX(version) FROM tollgate_schema")
-            .fetch_one(&self.pool)
-            .await?
-            .try_get(0)?;
-        let version = version.unwrap_or(0) as usize;
-        for (i, step) in MIGRATIONS.iter().enumerate().skip(version) {
-            let mut tx = self.pool.begin().await?;
-            sqlx::query(*step).execute(&mut *tx).await?;
-            sqlx::query("INSERT INTO tollgate_schema (version) VALUES ($1)")
-                .bind(i as i64 + 1)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-        }
-        Ok(())
+        migrator()
+            .run(&self.pool)
+            .await
+            .map_err(|e| DbError(e.into()))
     }
 
     /// Every override (for the in-memory table).

@@ -3,6 +3,11 @@
 //! file, [`db`]) and every gateway holds all of them in memory ([`table`]), so no request ever
 //! waits on the database: a refresh task reloads them every `quotas.refresh` and, with
 //! PostgreSQL, at once when another gateway's admin API announces a change (LISTEN/NOTIFY).
+//! A change made through a gateway's admin API is in that gateway's table before the call
+//! answers (read-your-writes). The listening connection is reconnected at most
+//! [`LISTEN_RETRY`] apart, and every (re)connect reloads in full, since announcements sent
+//! while nobody listened are lost: a change reaches every gateway within about a second of the
+//! database answering again.
 //!
 //! If the database goes away, gateways keep serving with the overrides they have and stay
 //! ready; `/readyz` says since when they are stale. A gateway that starts while the database is
@@ -16,12 +21,12 @@ pub mod db;
 pub mod model;
 pub mod table;
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use tokio::sync::Notify;
+use tokio::sync::{Mutex, Notify};
 
 use crate::config::{Config, QuotaSettings};
 pub use db::{Db, DbError};
@@ -30,14 +35,30 @@ use table::{Resolved, ResolvedTable, Table};
 
 /// How long a connection attempt to the database may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Reconnects to an unreachable database, and to a dropped LISTEN, at most this far apart.
+/// Reconnects to an unreachable database at most this far apart.
 pub const MAX_RETRY: Duration = Duration::from_secs(5);
+/// Reconnects of a dropped LISTEN at most this far apart (each attempt also waits up to
+/// [`CONNECT_TIMEOUT`], retrying a refused connection within it): a change made while nobody
+/// listened is loaded by the reconnect's full reload, so this bounds how late it arrives.
+pub const LISTEN_RETRY: Duration = Duration::from_millis(500);
+/// A reload that failed is tried again this soon (or at the next `quotas.refresh`, if sooner).
+pub const RELOAD_RETRY: Duration = Duration::from_secs(1);
 
 /// Unix seconds now.
 pub fn now_s() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// A change this gateway has just written to the database, applied to its own table before the
+/// admin call answers.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// The key's override as written.
+    Put(Override),
+    /// The key's override removed.
+    Delete(KeyHash),
 }
 
 /// What the quota store says about one API key.
@@ -64,6 +85,11 @@ pub struct Quotas {
     changed: Notify,
     /// Wakes admin calls waiting for the first connection.
     connected: Notify,
+    /// Held while the table is replaced or changed: a reload's read of the database and its
+    /// store, or a local change, so a reload that read before a change cannot undo it.
+    writing: Mutex<()>,
+    /// PostgreSQL: whether the LISTEN connection is up.
+    listening: AtomicBool,
     /// Unix seconds when this handle was made.
     created_at: i64,
 }
@@ -80,6 +106,8 @@ impl Quotas {
             loads: AtomicU64::new(0),
             changed: Notify::new(),
             connected: Notify::new(),
+            writing: Mutex::new(()),
+            listening: AtomicBool::new(false),
             created_at: now_s(),
         })
     }
@@ -132,8 +160,27 @@ impl Quotas {
         self.changed.notify_one();
     }
 
-    /// For `/readyz`: the database, when the overrides were last loaded, since when they are
-    /// stale (never a reason to be unready: gateways serve with what they have).
+    /// Apply a change this gateway has just written (read-your-writes): the next request sees
+    /// it, without waiting for the reload that follows.
+    pub async fn apply(&self, change: Change) {
+        let _writing = self.writing.lock().await;
+        let table = self.table.load_full();
+        let mut by_key = table.by_key.clone();
+        match change {
+            Change::Put(o) => {
+                by_key.insert(o.key_hash, o);
+            }
+            Change::Delete(key) => {
+                by_key.remove(&key);
+            }
+        }
+        let version = table.version + 1;
+        self.table.store(Arc::new(Table { by_key, version }));
+    }
+
+    /// For `/readyz`: the database, whether the overrides are loaded and how old they are,
+    /// since when they are stale, and (PostgreSQL) whether changes are being listened for
+    /// (never a reason to be unready: gateways serve with what they have).
     pub fn status_json(&self) -> serde_json::Value {
         let at = |v: &AtomicI64| {
             let t = v.load(Ordering::Relaxed);
@@ -144,10 +191,15 @@ impl Quotas {
             (_, true) => "stale: serving with the overrides last loaded",
             (_, false) => "loaded",
         };
+        let loaded_at = self.loaded_at.load(Ordering::Relaxed);
+        let db = self.db.load();
         serde_json::json!({
             "state": state,
+            "loaded": loaded_at > 0,
+            "age_s": (loaded_at > 0).then(|| (now_s() - loaded_at).max(0)),
             "database": self.settings.database_redacted(),
-            "connected": self.db.load().is_some(),
+            "connected": db.is_some(),
+            "listening": db.as_ref().filter(|d| d.is_postgres()).map(|_| self.listening.load(Ordering::Relaxed)),
             "overrides": self.table.load().by_key.len(),
             "loaded_at": at(&self.loaded_at),
             "stale_since": at(&self.stale_since),
@@ -174,6 +226,7 @@ impl Quotas {
 
     /// Load every override from the database now.
     pub async fn reload(&self, db: &Db) -> Result<usize, DbError> {
+        let _writing = self.writing.lock().await;
         let rows = db.all().await?;
         let n = rows.len();
         let version = self.table.load().version + 1;
@@ -214,15 +267,22 @@ impl Quotas {
         }
         let mut tick = tokio::time::interval(self.settings.refresh);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let retry = RELOAD_RETRY.min(self.settings.refresh);
+        let mut failed = false;
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = tick.tick() => {}
                 _ = self.changed.notified() => {}
+                _ = tokio::time::sleep(retry), if failed => {}
             }
-            if let Err(e) = self.reload(&db).await {
-                self.failed(&e);
-            }
+            failed = match self.reload(&db).await {
+                Ok(_) => false,
+                Err(e) => {
+                    self.failed(&e);
+                    true
+                }
+            };
         }
     }
 
@@ -252,38 +312,55 @@ impl Quotas {
         }
     }
 
-    /// PostgreSQL: reload as soon as any gateway announces a change; reconnect when the
-    /// listening connection drops (and reload then, since announcements may have been missed).
+    /// PostgreSQL: reload as soon as any gateway announces a change, and in full on every
+    /// (re)connect of the listening connection, since announcements sent while it was down are
+    /// lost. The connection is never reconnected behind our back (sqlx's `recv` would, and
+    /// nothing would reload): a lost connection ends `try_recv` with `None`, and it is made
+    /// again here, at most [`LISTEN_RETRY`] apart.
     async fn listen(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        let mut pause = Duration::from_millis(200);
+        let mut pause = Duration::from_millis(50);
         loop {
-            let listener = async {
-                let mut l = sqlx::postgres::PgListener::connect(&self.settings.database).await?;
-                l.listen(db::CHANNEL).await?;
-                Ok::<_, sqlx::Error>(l)
-            };
             let mut l = tokio::select! {
-                l = listener => l,
+                l = self.listener() => l,
                 _ = shutdown.changed() => return,
             };
             match &mut l {
                 Ok(l) => {
-                    pause = Duration::from_millis(200);
+                    pause = Duration::from_millis(50);
+                    self.listening.store(true, Ordering::Relaxed);
+                    // Whatever was announced before this LISTEN took effect is read now.
                     self.changed.notify_one();
                     loop {
                         tokio::select! {
                             _ = shutdown.changed() => return,
-                            n = l.recv() => match n {
-                                Ok(_) => self.changed.notify_one(),
-                                Err(e) => { tracing::debug!("quota LISTEN dropped: {e}"); break }
+                            n = l.try_recv() => match n {
+                                Ok(Some(_)) => self.changed.notify_one(),
+                                Ok(None) => { tracing::info!("quota LISTEN connection lost; reconnecting"); break }
+                                Err(e) => { tracing::info!("quota LISTEN connection lost ({e}); reconnecting"); break }
                             }
                         }
                     }
+                    self.listening.store(false, Ordering::Relaxed);
                 }
                 Err(e) => tracing::debug!("quota LISTEN failed: {e}"),
             }
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(MAX_RETRY);
+            pause = (pause * 2).min(LISTEN_RETRY);
         }
+    }
+
+    /// A listening connection on [`db::CHANNEL`] that does not reconnect by itself.
+    async fn listener(&self) -> Result<sqlx::postgres::PgListener, sqlx::Error> {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect(&self.settings.database)
+            .await?;
+        let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
+        l.eager_reconnect(false);
+        l.listen(db::CHANNEL).await?;
+        Ok(l)
     }
 }

@@ -77,7 +77,8 @@ impl Override {
     /// The document the admin API shows: by fingerprint, never the key.
     pub fn to_json(&self, now: i64) -> Value {
         json!({
-            "key": format!("fp:{}", self.fingerprint),
+            // No key: a change of the whole gateway (a reload).
+            "key": (!self.fingerprint.is_empty()).then(|| format!("fp:{}", self.fingerprint)),
             "label": self.label,
             "tier": self.tier,
             "status": self.status.as_str(),
@@ -98,7 +99,7 @@ pub struct AuditEntry {
     pub id: String,
     pub at: i64,
     pub fingerprint: String,
-    /// `put`, `delete`, `reset`.
+    /// `put`, `delete`, `reset`, `reload`, `reload_refused`; a reload has no fingerprint.
     pub action: String,
     /// The override before and after, as the admin API shows them (JSON text).
     pub before: Option<String>,
@@ -116,7 +117,8 @@ impl AuditEntry {
         json!({
             "id": self.id,
             "at": rfc3339(self.at),
-            "key": format!("fp:{}", self.fingerprint),
+            // No key: a change of the whole gateway (a reload).
+            "key": (!self.fingerprint.is_empty()).then(|| format!("fp:{}", self.fingerprint)),
             "action": self.action,
             "before": doc(&self.before),
             "after": doc(&self.after),

@@ -200,7 +200,7 @@ pub const FALLBACK_MAX_KEYS: usize = 100_000;
 
 impl Store {
     /// The store `settings` describe. No Redis connection is made yet: the first call
-    /// connects, so the gateway starts (and reports not ready) while Redis is down.
+    /// connects, so the gateway starts while Redis is down (`/readyz` says it is unreachable).
     pub fn new(settings: &StoreSettings) -> Result<Store, StoreError> {
         Ok(match &settings.redis {
             None => Store::memory(settings.max_keys),

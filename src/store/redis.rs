@@ -260,7 +260,7 @@ fn manager_config() -> ConnectionManagerConfig {
 
 impl RedisStore {
     /// Set up the store. No connection is made yet: the first check connects, so the gateway
-    /// starts (and reports not ready) while Redis is down.
+    /// starts while Redis is down (`/readyz` says it is unreachable).
     pub fn new(topology: Topology, prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
         install_tls_provider();
         let bad = StoreError::Other;
@@ -517,8 +517,9 @@ impl RedisStore {
     }
 
     /// Whether Redis answers (a script call with no keys) within the deadline, through the
-    /// circuit breaker: not ready while the breaker is open; after the cooldown this call can
-    /// be the probe that closes it, so readiness recovers even without request traffic.
+    /// circuit breaker: `false` while the breaker is open; after the cooldown this call can
+    /// be the probe that closes it, so the breaker (and `/readyz`) recovers even without
+    /// request traffic.
     pub async fn ping(&self) -> bool {
         let mut inv = Call::new(&CHECK_SCRIPTS.by_algorithm[0], std::iter::empty::<&str>());
         inv.arg("");

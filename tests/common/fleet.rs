@@ -249,6 +249,17 @@ impl Fleet {
         signal(self.gateways[i].pid, "KILL");
     }
 
+    /// `kill -9` the fleet's Redis (the gateways then answer by their `on_error` policy).
+    pub fn kill9_redis(&self) {
+        let (_, redis) = self
+            .processes
+            .iter()
+            .find(|(name, _)| name == "redis")
+            .expect("the fleet's redis-server");
+        assert!(redis.alive(), "the fleet's redis-server is not running");
+        signal(redis.pid, "KILL");
+    }
+
     /// Send `sig` (`TERM`, `QUIT`, ...) to gateway `i`'s current process.
     pub fn signal(&self, i: usize, sig: &str) {
         signal(self.gateways[i].pid, sig);

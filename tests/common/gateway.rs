@@ -166,8 +166,9 @@ impl Gateway {
         get_json(&self.client, &format!("http://{}/readyz", self.admin)).await
     }
 
-    /// `GET /readyz` of the admin listener, whatever it answers (503 while the store is
-    /// unreachable): the status and the JSON body. Each request may take up to 5 s.
+    /// `GET /readyz` of the admin listener, whatever it answers (503 while draining, or while
+    /// the store is unreachable with `server.ready_requires_store`): the status and the JSON
+    /// body. Each request may take up to 5 s.
     pub async fn readyz_status(&self) -> (u16, serde_json::Value) {
         let url = format!("http://{}/readyz", self.admin);
         let r = self
@@ -211,6 +212,16 @@ impl Gateway {
         let what = format!("/readyz of {} answers {want}", self.proc.name());
         eventually(what, within)
             .holds_on(|| self.readyz_status(), |(status, _)| *status == want)
+            .await
+            .1
+    }
+
+    /// Poll `/readyz` until its body says the store is `want` (`ok`, `unreachable`), whatever
+    /// its status (200 unless `server.ready_requires_store`); returns the body.
+    pub async fn wait_store(&self, want: &str, within: Duration) -> serde_json::Value {
+        let what = format!("/readyz of {} says the store is {want}", self.proc.name());
+        eventually(what, within)
+            .holds_on(|| self.readyz_status(), |(_, body)| body["store"] == want)
             .await
             .1
     }

@@ -240,3 +240,17 @@ where
     }
     panic!("{name}: no free ports after {START_ATTEMPTS} attempts: {failures:#?}");
 }
+
+/// Raise this test process's own open-file limit, so it can hold the client side of many
+/// connections.
+pub fn raise_own_open_files(at_least: u64) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    assert!(
+        hard >= at_least,
+        "this test needs a hard open-file limit of at least {at_least} (ulimit -Hn is {hard})"
+    );
+    if soft < at_least {
+        setrlimit(Resource::RLIMIT_NOFILE, hard.min(65_536), hard).expect("setrlimit");
+    }
+}

@@ -130,3 +130,68 @@ async fn a_screenshot_of_the_live_page_is_neither_blank_nor_an_error() {
     assert!(dom.contains("data-state=\"ok\""), "{dom}");
     assert_eq!(number(&dom, "allow-total"), 7.0);
 }
+
+/// A page on another port of the same host (so the same site, as cookies see it) that posts
+/// `token` to the admin listener's login form at once, as a person submitting the form would.
+async fn serve_login_poster(admin: std::net::SocketAddr, token: &str) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let html = format!(
+        "<!doctype html><html><body><form method=\"post\" action=\"http://{admin}/login\">\
+         <input name=\"token\" value=\"{token}\"></form>\
+         <script>document.forms[0].submit()</script></body></html>"
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        // Bounded: the browser asks for the page and perhaps a favicon.
+        for _ in 0..8 {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{html}",
+                html.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
+        }
+    });
+    addr
+}
+
+/// With an admin token, a browser signs in through the login form's POST: the answer's
+/// session cookie (HttpOnly, so no script ever holds it) brings it back to the live page,
+/// whose own requests to `/stats` and `/top` then carry the session and fill the panels.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_browser_signs_in_with_the_login_form_and_the_live_page_fills() {
+    let token = "browser-login-token-5150";
+    let up = crate::common::upstream::Upstream::start().await;
+    let gw = crate::common::gateway::Gateway::start_with_env(
+        &crate::config(&up, "admin: { token_env: OBSERVE_PAGE_TOKEN }\n"),
+        &[("OBSERVE_PAGE_TOKEN", token)],
+    )
+    .await;
+    Load::new(&gw.url("/signed-in")).run(9).await;
+    // Without signing in, the browser gets the login form.
+    let page = format!("http://{}/", gw.admin);
+    let dom = tokio::task::spawn_blocking(move || dump_dom(&page, 2_000))
+        .await
+        .unwrap();
+    assert!(
+        dom.contains("id=\"token\"") && !dom.contains("id=\"top-body\""),
+        "{dom}"
+    );
+    let poster = serve_login_poster(gw.admin, token).await;
+    let dom = tokio::task::spawn_blocking(move || dump_dom(&format!("http://{poster}/"), 4_000))
+        .await
+        .unwrap();
+    assert!(
+        dom.contains("data-state=\"ok\""),
+        "the page after the login:\n{dom}"
+    );
+    assert_eq!(number(&dom, "allow-total"), 7.0);
+    assert_eq!(number(&dom, "deny-total"), 2.0);
+    let top = text_of(&dom, "top-body");
+    assert!(top.contains("ip:127.0.0.1"), "top callers: {top:?}");
+}

@@ -25,12 +25,52 @@ use std::io::Write;
 #[cfg(target_os = "linux")]
 use std::io::{IoSlice, IoSliceMut};
 #[cfg(target_os = "linux")]
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::io::RawFd;
 #[cfg(target_os = "linux")]
 use std::{thread, time};
 
 // Utilities to transfer file descriptors between sockets, e.g. during graceful upgrades.
+//
+// The listening sockets are handed only to a process of our own user: the upgrade socket is
+// created 0600, and each side checks the other's uid (SO_PEERCRED) before anything is sent or
+// received. A socket another user bound at the path first never gets a descriptor.
+
+/// The effective uid a peer on the upgrade socket must have: ours.
+#[cfg(target_os = "linux")]
+fn own_uid() -> libc::uid_t {
+    // SAFETY: geteuid(2) takes no arguments and always succeeds.
+    unsafe { libc::geteuid() }
+}
+
+/// The uid of the process at the other end of the connected unix socket `fd`.
+#[cfg(target_os = "linux")]
+fn peer_uid(fd: BorrowedFd<'_>) -> Result<libc::uid_t, Error> {
+    Ok(socket::getsockopt(&fd, socket::sockopt::PeerCredentials)?.uid())
+}
+
+/// `Ok` when the peer on `fd` runs as our uid; otherwise the refusal is logged and `EPERM`.
+#[cfg(target_os = "linux")]
+fn check_peer<P>(fd: BorrowedFd<'_>, path: &P, side: &str) -> Result<(), Error>
+where
+    P: ?Sized + std::fmt::Display,
+{
+    let ours = own_uid();
+    match peer_uid(fd) {
+        Ok(uid) if uid == ours => Ok(()),
+        Ok(uid) => {
+            error!(
+                "Refusing to {side} listening sockets through {path}: the process at the other \
+                 end runs as uid {uid}, not as this process's uid {ours}"
+            );
+            Err(Errno::EPERM)
+        }
+        Err(e) => {
+            error!("Refusing to {side} listening sockets through {path}: its peer's credentials cannot be read: {e}");
+            Err(e)
+        }
+    }
+}
 
 /// Container for open file descriptors and their associated bind addresses.
 pub struct Fds {
@@ -156,16 +196,22 @@ where
             // TODO: warn if exist but not able to unlink
         }
     };
-    socket::bind(listen_fd.as_raw_fd(), &unix_addr).unwrap();
-
-    /* sock is created before we change user, need to give permission */
+    // Only our own user may connect: Linux creates a unix socket's file with the mode of
+    // the socket's inode (less the umask), so setting it before bind leaves no moment in
+    // which the file is open to others; the chmod after bind makes sure of it.
+    let private = stat::Mode::from_bits_truncate(0o600);
+    stat::fchmod(&listen_fd, private)?;
+    if let Err(e) = socket::bind(listen_fd.as_raw_fd(), &unix_addr) {
+        error!("Cannot bind the upgrade socket {path}: {e}");
+        return Err(e);
+    }
     stat::fchmodat(
         // SAFETY: AT_FDCWD is a well-defined POSIX sentinel constant used by *at() syscalls
         // to indicate the current working directory. It is not a real file descriptor and does
         // not require ownership or lifetime guarantees.
         unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) },
         path,
-        stat::Mode::from_bits_truncate(0o666),
+        private,
         stat::FchmodatFlags::FollowSymlink,
     )
     .unwrap();
@@ -176,7 +222,7 @@ where
     )
     .unwrap();
 
-    let fd = match accept_with_retry_timeout(listen_fd.as_raw_fd(), max_retry) {
+    let fd = match accept_own_user(listen_fd.as_raw_fd(), max_retry, path) {
         Ok(fd) => fd,
         Err(e) => {
             error!("Giving up reading socket from: {path}, error: {e:?}");
@@ -243,6 +289,30 @@ where
 const MAX_RETRY: usize = 5;
 #[cfg(target_os = "linux")]
 const RETRY_INTERVAL: time::Duration = time::Duration::from_secs(1);
+
+/// Accept a connection from a process of our own user; connections from any other are
+/// refused (logged and closed), at most `max_retry + 1` of them.
+#[cfg(target_os = "linux")]
+fn accept_own_user<P>(listen_fd: i32, max_retry: usize, path: &P) -> Result<i32, Error>
+where
+    P: ?Sized + std::fmt::Display,
+{
+    let mut refused = 0;
+    loop {
+        let fd = accept_with_retry_timeout(listen_fd, max_retry)?;
+        // SAFETY: `fd` was just returned by accept(2) and is not owned anywhere else.
+        let conn = unsafe { OwnedFd::from_raw_fd(fd) };
+        match check_peer(conn.as_fd(), path, "receive") {
+            Ok(()) => return Ok(std::os::fd::IntoRawFd::into_raw_fd(conn)),
+            Err(e) => {
+                refused += 1;
+                if refused > max_retry {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
 
 #[cfg(target_os = "linux")]
 fn accept_with_retry_timeout(listen_fd: i32, max_retry: usize) -> Result<i32, Error> {
@@ -334,6 +404,10 @@ where
             },
         }
     };
+
+    // Whatever is bound at `path` gets nothing unless it runs as our user.
+    let conn_result =
+        conn_result.and_then(|n| check_peer(send_fd.as_fd(), path, "send").map(|()| n));
 
     let result = match conn_result {
         Ok(_) => {
@@ -561,6 +635,59 @@ mod tests {
         let buf: [u8; 32] = [1; 32];
         send_fds_to(fds, &buf, SOCK, None).unwrap();
 
+        child.join().unwrap();
+    }
+
+    #[test]
+    fn test_upgrade_socket_is_private_and_our_own_user_is_accepted() {
+        init_log();
+        const SOCK: &str = "/tmp/pingora_fds_private.sock";
+        let _ = std::fs::remove_file(SOCK);
+        let dumb_fd = socket::socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::empty(),
+            None,
+        )
+        .unwrap();
+
+        let child = thread::spawn(move || {
+            let mut buf: [u8; 32] = [0; 32];
+            let (fds, _) = get_fds_from(SOCK, &mut buf, None).unwrap();
+            assert_eq!(1, fds.len());
+            for fd in fds {
+                // SAFETY: received over SCM_RIGHTS just above and not owned anywhere else.
+                drop(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        });
+
+        // While the receiver waits, only its owner may connect.
+        let mut mode = None;
+        for _ in 0..200 {
+            if let Ok(m) = std::fs::symlink_metadata(SOCK) {
+                use std::os::unix::fs::{FileTypeExt, MetadataExt};
+                if m.file_type().is_socket() {
+                    mode = Some((m.mode() & 0o7777, m.uid()));
+                    break;
+                }
+            }
+            thread::sleep(time::Duration::from_millis(10));
+        }
+        assert_eq!(mode, Some((0o600, own_uid())));
+
+        // A pair of sockets in this process: the peer is our own uid.
+        let (a, _b) = socket::socketpair(
+            AddressFamily::Unix,
+            SockType::Stream,
+            None,
+            SockFlag::empty(),
+        )
+        .unwrap();
+        assert_eq!(peer_uid(a.as_fd()).unwrap(), own_uid());
+        check_peer(a.as_fd(), SOCK, "send").unwrap();
+
+        let buf: [u8; 32] = [1; 32];
+        send_fds_to(vec![dumb_fd.as_raw_fd()], &buf, SOCK, None).unwrap();
         child.join().unwrap();
     }
 
