@@ -27,18 +27,21 @@ fn main() {
         .filter(|c| !c.is_empty());
     let commit = from_env.or_else(|| {
         let commit = git(&dir, &["rev-parse", "--short=7", "HEAD"])?;
-        // What moves on a commit, a checkout or a gc: HEAD, the branch's loose ref and the
+        // What moves on a commit, a checkout or a gc: HEAD, the branches' loose refs and the
         // packed refs (a worktree's HEAD lives in its own git dir, refs in the common one).
         let head_dir = dir.join(git(&dir, &["rev-parse", "--git-dir"])?);
         let common = dir.join(git(&dir, &["rev-parse", "--git-common-dir"])?);
-        println!("cargo:rerun-if-changed={}", head_dir.join("HEAD").display());
-        println!(
-            "cargo:rerun-if-changed={}",
-            common.join("packed-refs").display()
-        );
-        if let Some(branch) = git(&dir, &["symbolic-ref", "-q", "HEAD"]) {
-            println!("cargo:rerun-if-changed={}", common.join(branch).display());
-        }
+        // Only paths that exist: Cargo reruns a script on every build while a path it watches
+        // is missing. A branch is a line in packed-refs (as a fresh clone has it) until a commit
+        // writes its loose file under refs/heads/, a directory Cargo scans file by file.
+        let watch = |path: PathBuf| {
+            if path.exists() {
+                println!("cargo:rerun-if-changed={}", path.display());
+            }
+        };
+        watch(head_dir.join("HEAD"));
+        watch(common.join("packed-refs"));
+        watch(common.join("refs").join("heads"));
         Some(commit)
     });
     let commit = commit.unwrap_or_else(|| {
