@@ -55,8 +55,8 @@ files() {
 files | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\n' "$f"; done | sort >"$list"
 tar -cf - --verbatim-files-from -T "$list" | tar -xf - -C "$tree"
 # Files since deleted or ignored go from the copy too (a test file left behind would build).
-(cd "$tree" && find . -type f ! -name Cargo.toml ! -name Cargo.lock ! -name .lock-source -printf '%P\n' |
-  sort | comm -23 - "$list" | tr '\n' '\0' | xargs -0r rm -f)
+(cd "$tree" && find . -type f ! -name Cargo.toml ! -name Cargo.lock ! -name .lock-source \
+  -printf '%P\n' | sort | comm -23 - "$list" | tr '\n' '\0' | xargs -0r rm -f)
 
 # 2. The one-line change: no `[patch.crates-io]` section, no patched crates as members.
 awk '
@@ -67,8 +67,8 @@ awk '
   { print }
 ' Cargo.toml >"$manifest"
 if grep -v '^[[:space:]]*#' "$manifest" | grep -q 'patches/'; then
-  echo "stock-build: Cargo.toml still names patches/ after removing [patch.crates-io] and the members;" >&2
-  echo "  its layout changed: update the awk program in $0" >&2
+  echo "stock-build: the copy's Cargo.toml still names patches/ once [patch.crates-io] and" >&2
+  echo "  the members are gone: Cargo.toml's layout changed; update the awk program in $0" >&2
   exit 1
 fi
 cmp -s "$manifest" "$tree/Cargo.toml" || cp "$manifest" "$tree/Cargo.toml"

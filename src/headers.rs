@@ -50,10 +50,10 @@ fn until_ms(d: &Decision) -> u64 {
 /// Add the rate-limit headers of rate limit `id`'s decision `d`, made at `now_ms`, to a
 /// response. `spec`: the caller's own parameters of the limit (a quota override), if any.
 ///
-/// They are written as encoded lines ([`crate::pingora_patches::EncodedHeaders`]): the response goes out
-/// with them, after the upstream's headers, and nothing here looks them up again, so they
-/// skip the header map and its hashing. Headers of the same names that the upstream sent are
-/// removed: the gateway's replace them.
+/// They are written as encoded lines ([`crate::pingora_patches::EncodedHeaders`]): the
+/// response goes out with them, after the upstream's headers, and nothing here looks them up
+/// again, so they skip the header map and its hashing (on stock Pingora they go into the map).
+/// Headers of the same names that the upstream sent are removed: the gateway's replace them.
 pub fn apply(
     cfg: &Config,
     id: LimitId,
