@@ -16,8 +16,9 @@
 #                   `production` is what ships) into target/stock (STOCK_TARGET_DIR overrides),
 #                   and print the binary's path.
 #   --check         what scripts/test.sh runs: `cargo clippy --all-targets --features
-#                   stock-pingora -- -D warnings` on the copy. It shares target/ with the
-#                   default build, so only the stock crates and tollgate are checked anew.
+#                   stock-pingora -- -D warnings` on the copy. It shares target/ (or
+#                   CARGO_TARGET_DIR) with the default build, so only the stock crates and
+#                   tollgate are checked anew.
 #   --tree          only prepare the copy and print its path, for any other cargo command
 #                   there (run with `--locked --features stock-pingora`).
 # RUSTFLAGS and the like pass through, so a PGO stock binary is this script run twice the way
@@ -33,7 +34,7 @@ while [ $# -gt 0 ]; do
     --profile) profile=$2; shift 2 ;;
     --check) mode=check; shift ;;
     --tree) mode=tree; shift ;;
-    *) sed -n '2,26p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,27p' "$0" >&2; exit 2 ;;
   esac
 done
 
@@ -93,7 +94,7 @@ case $mode in
     ;;
   check)
     # A crate from crates.io is built the same in both trees, so the default build's are reused.
-    (cd "$tree" && CARGO_TARGET_DIR=$root/target \
+    (cd "$tree" && CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target} \
       cargo clippy --all-targets --locked --features stock-pingora -- -D warnings)
     ;;
   build)
