@@ -25,6 +25,7 @@ use pingora_error::Result;
 use pingora_proxy::{ProxyHttp, Session};
 use std::net::SocketAddr;
 use tollgate::config::{load, Overrides, UpstreamTimeouts};
+use tollgate::pingora_patches;
 use tollgate::proxy::peer;
 use tollgate::server::{pingora_conf, pingora_process_settings, server_options};
 
@@ -51,7 +52,7 @@ impl ProxyHttp for Bare {
             Some(t) => peer(self.upstream, t, self.preserve_header_case),
             None => {
                 let mut peer = HttpPeer::new(self.upstream, false, String::new());
-                peer.options.discard_h1_header_case = !self.preserve_header_case;
+                pingora_patches::peer_header_case(&mut peer.options, self.preserve_header_case);
                 peer
             }
         }))

@@ -10,6 +10,9 @@ fi
 scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
+# The same code against stock Pingora (src/pingora_patches.rs), in a copy of the tree without
+# [patch.crates-io]: it must keep building for the paired run of the patches against stock.
+scripts/stock-build.sh --check
 # Each patched crate is its release plus its diff, nothing more (patches/README.md).
 scripts/verify-patches.sh
 log=$(mktemp)

@@ -16,6 +16,7 @@ use pingora_http::RequestHeader;
 
 use crate::config::{EscapedSlashes, HttpSettings, PathNormalization};
 use crate::path::{self, PathError};
+use crate::pingora_patches;
 use crate::refusal::Refusal;
 
 /// What to change in the head before routing.
@@ -87,7 +88,7 @@ pub fn head_bytes(session: &pingora_proxy::Session) -> usize {
     session
         .as_downstream()
         .as_http1()
-        .map_or(0, |h| h.headers_raw_len())
+        .map_or(0, pingora_patches::headers_raw_len)
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use crate::config::{
     Config, LimitId, OnError, RateSpec, RATELIMIT_POLICY, X_RATELIMIT_LIMIT as X_LIMIT,
 };
 use crate::limit::Decision;
+use crate::pingora_patches::with_lines;
 
 /// Set on responses decided under a store failure policy: `store-unavailable; policy=local`.
 pub const DEGRADED: &str = "tollgate-degraded";
@@ -49,10 +50,10 @@ fn until_ms(d: &Decision) -> u64 {
 /// Add the rate-limit headers of rate limit `id`'s decision `d`, made at `now_ms`, to a
 /// response. `spec`: the caller's own parameters of the limit (a quota override), if any.
 ///
-/// They are written as encoded lines ([pingora_http::EncodedHeaders]): the response goes out
-/// with them, after the upstream's headers, and nothing here looks them up again, so they
-/// skip the header map and its hashing. Headers of the same names that the upstream sent are
-/// removed: the gateway's replace them.
+/// They are written as encoded lines ([`crate::pingora_patches::EncodedHeaders`]): the
+/// response goes out with them, after the upstream's headers, and nothing here looks them up
+/// again, so they skip the header map and its hashing (on stock Pingora they go into the map).
+/// Headers of the same names that the upstream sent are removed: the gateway's replace them.
 pub fn apply(
     cfg: &Config,
     id: LimitId,
@@ -74,32 +75,33 @@ pub fn apply(
         (!d.allowed, &RETRY_AFTER),
     ];
     replace(resp, &ours);
-    let lines = resp.encoded_headers_mut();
-    // The lines' names and fixed parts, and room for their numbers.
-    lines.reserve(160 + 2 * rate.policy_line.as_bytes().len());
-    if ietf {
-        lines.extend(&rate.policy_line);
-        lines
-            .line(&RATELIMIT)
-            .value(&rate.ratelimit_prefix)
-            .number(d.remaining)
-            .value(&T_PARAM)
-            .number(t);
-    }
-    if legacy {
-        // The limit's own, built with the config, unless the decision was made on another
-        // quota (the local fallback's).
-        if d.limit == rate.quota.limit {
-            lines.extend(&rate.limit_line);
-        } else {
-            lines.push_number(&X_LIMIT, d.limit);
+    with_lines(resp, |lines| {
+        // The lines' names and fixed parts, and room for their numbers.
+        lines.reserve(160 + 2 * rate.policy_line.as_bytes().len());
+        if ietf {
+            lines.extend(&rate.policy_line);
+            lines
+                .line(&RATELIMIT)
+                .value(&rate.ratelimit_prefix)
+                .number(d.remaining)
+                .value(&T_PARAM)
+                .number(t);
         }
-        lines.push_number(&X_REMAINING, d.remaining);
-        lines.push_number(&X_RESET, (now_ms + until_ms(d)).div_ceil(1000));
-    }
-    if !d.allowed {
-        lines.push_number(&RETRY_AFTER, t);
-    }
+        if legacy {
+            // The limit's own, built with the config, unless the decision was made on another
+            // quota (the local fallback's).
+            if d.limit == rate.quota.limit {
+                lines.extend(&rate.limit_line);
+            } else {
+                lines.push_number(&X_LIMIT, d.limit);
+            }
+            lines.push_number(&X_REMAINING, d.remaining);
+            lines.push_number(&X_RESET, (now_ms + until_ms(d)).div_ceil(1000));
+        }
+        if !d.allowed {
+            lines.push_number(&RETRY_AFTER, t);
+        }
+    });
 }
 
 /// Remove from the response's map the headers of `names` whose flag is set, when it has any:
@@ -125,10 +127,12 @@ fn replace(resp: &mut ResponseHeader, names: &[(bool, &HeaderName)]) {
 /// answer.
 pub fn degraded(resp: &mut ResponseHeader, policy: OnError) {
     replace(resp, &[(true, &DEGRADED_NAME)]);
-    resp.encoded_headers_mut().push(
-        &DEGRADED_NAME,
-        &HeaderValue::from_static(policy.degraded_header()),
-    );
+    with_lines(resp, |lines| {
+        lines.push(
+            &DEGRADED_NAME,
+            &HeaderValue::from_static(policy.degraded_header()),
+        )
+    });
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ pub mod lifecycle;
 pub mod limit;
 pub mod observe;
 pub mod path;
+pub mod pingora_patches;
 pub mod proxy;
 pub mod quota;
 pub mod redact;

@@ -24,6 +24,7 @@ use crate::demo::DemoUpstream;
 use crate::lifecycle::{raise_open_files, Lifecycle};
 use crate::limit::{Clock, SystemClock};
 use crate::observe::Observer;
+use crate::pingora_patches;
 use crate::proxy::Gateway;
 use crate::quota::Quotas;
 use crate::shed::Shedder;
@@ -75,7 +76,7 @@ pub fn upgrade_sock(s: &ServerSettings) -> PathBuf {
 /// request heads keep their header names' case only with `server.preserve_header_case`.
 pub fn server_options(s: &ServerSettings) -> HttpServerOptions {
     let mut options = HttpServerOptions::default();
-    options.discard_h1_header_case = !s.preserve_header_case;
+    pingora_patches::server_header_case(&mut options, s.preserve_header_case);
     options
 }
 
@@ -83,7 +84,7 @@ pub fn server_options(s: &ServerSettings) -> HttpServerOptions {
 /// streams do not time their reads' and writes' waits, which nothing here asks for and which
 /// cost two clock reads a wait (Pingora pull request 30, `patches/README.md`).
 pub fn pingora_process_settings() {
-    pingora_core::protocols::l4::stream::set_pending_time_accounting(false);
+    pingora_patches::no_pending_time_accounting();
 }
 
 /// Pingora's settings for the proxy (`examples/bare_pingora` runs on them too).

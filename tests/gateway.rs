@@ -15,7 +15,7 @@ use common::clock::{clear_of_window_boundary, fixed_window_t_range, now_ms, wind
 use common::gateway::Gateway;
 use common::http::{client, client_builder, client_from, get, send, Resp, QUOTA_EXCEEDED};
 use common::process::{count, max_open_files};
-use common::raw::{raw_request, ClosedPort, RawConn};
+use common::raw::{ClosedPort, RawConn};
 use common::upstream::Upstream;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -595,7 +595,9 @@ async fn idle_upstream_connections_close_after_their_timeout_or_their_upstream()
 /// path (`patches/README.md`): a pooled connection is matched to its peer by the address
 /// recorded when it was made, not with a `getpeername` call per reuse. It matches the peer it
 /// was made to and no other, which is what keeps a connection filed under another peer's pool
-/// key from being reused for it.
+/// key from being reused for it. Not built against stock Pingora, which has no such path
+/// (`scripts/stock-build.sh`).
+#[cfg(not(feature = "stock-pingora"))]
 #[tokio::test]
 async fn an_upstream_connection_matches_only_the_peer_it_was_made_to() {
     use pingora_core::connectors::TransportConnector;
@@ -627,9 +629,12 @@ async fn an_upstream_connection_matches_only_the_peer_it_was_made_to() {
 /// and a response's names are forwarded in their titled form for the common ones (`Host`,
 /// `Content-Length`) and in lowercase for the rest, as Envoy and HAProxy do; with the setting
 /// on, exactly as they arrived. A raw upstream records the request head it was sent and answers
-/// with mixed-case names; the client reads the response head as raw bytes.
+/// with mixed-case names; the client reads the response head as raw bytes. Not built against
+/// stock Pingora, which always keeps the names' case (`src/pingora_patches.rs`).
+#[cfg(not(feature = "stock-pingora"))]
 #[tokio::test(flavor = "multi_thread")]
 async fn header_names_keep_their_case_only_with_preserve_header_case() {
+    use common::raw::raw_request;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let upstream = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .await

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 use http::HeaderValue;
-use pingora_http::EncodedHeaders;
 
 use super::errors::{check_name, words, Errors, WordError};
 use super::problem::RateLimitedBody;
 use super::raw;
 use super::store::FailureDefaults;
 use crate::limit::{Algorithm, Quota, MAX_SCALED};
+use crate::pingora_patches::EncodedHeaders;
 
 /// The most parts a counter key may have.
 pub const MAX_KEY_PARTS: usize = 8;

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use pingora_error::Result;
-use pingora_http::StaticHeaderName;
 use pingora_proxy::Session;
 
 use super::finished::{pinned_in_place, Immediate};
@@ -18,6 +17,7 @@ use crate::config::Config;
 use crate::conn::ConnState;
 use crate::head;
 use crate::observe::{self, digest_peer_ip, Observer};
+use crate::pingora_patches::{self, StaticHeaderName};
 use crate::refusal::Refusal;
 
 impl Gateway {
@@ -175,13 +175,13 @@ fn forwarding_headers(observer: &Observer, session: &mut Session, ctx: &RequestC
     strip_admin_session(req)?;
     let id = ctx.obs.generated_id(observer);
     // Room for both at once, should the head have none left.
-    req.reserve(1 + usize::from(id.is_some()));
+    pingora_patches::reserve_headers(req, 1 + usize::from(id.is_some()));
     if let Some(id) = id {
-        req.insert_header(&X_REQUEST_ID, id)?;
+        pingora_patches::insert_header(req, &X_REQUEST_ID, id)?;
     }
     let Some(peer) = ctx.peer else { return Ok(()) };
     if let Some(text) = peer_text {
-        return req.insert_header(&X_FORWARDED_FOR, text);
+        return pingora_patches::insert_header(req, &X_FORWARDED_FOR, text);
     }
     let mut chain = Vec::with_capacity(48);
     for v in req.headers.get_all(xff) {
@@ -192,6 +192,6 @@ fn forwarding_headers(observer: &Observer, session: &mut Session, ctx: &RequestC
     }
     // Written in place, without `fmt`.
     observe::format::push_ip(&mut chain, peer);
-    req.insert_header(&X_FORWARDED_FOR, chain)?;
+    pingora_patches::insert_header(req, &X_FORWARDED_FOR, chain)?;
     Ok(())
 }

@@ -28,6 +28,7 @@ use crate::headers;
 use crate::lifecycle::Lifecycle;
 use crate::limit::{Clock, Decision};
 use crate::observe::{self, Observer};
+use crate::pingora_patches;
 use crate::quota::table::Resolved;
 use crate::quota::Quotas;
 use crate::refusal::Refusal;
@@ -204,7 +205,7 @@ impl Gateway {
 /// HTTP/2 heads have none).
 pub fn peer(addr: SocketAddr, t: &UpstreamTimeouts, preserve_header_case: bool) -> HttpPeer {
     let mut peer = HttpPeer::new(addr, false, String::new());
-    peer.options.discard_h1_header_case = !preserve_header_case;
+    pingora_patches::peer_header_case(&mut peer.options, preserve_header_case);
     peer.options.connection_timeout = Some(t.connect);
     peer.options.total_connection_timeout = Some(t.connect);
     peer.options.read_timeout = Some(t.read);
