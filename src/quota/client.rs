@@ -485,18 +485,11 @@ mod tests {
             call.body.unwrap(),
             json!({"tier": "gold", "status": "disabled", "label": null, "limits": {"api": {"limit": 5, "window": "1s"}}})
         );
-        let empty = QuotaAction::Set {
-            key: Some("k".into()),
-            key_stdin: false,
-            key_env: None,
-            tier: None,
-            label: None,
-            status: None,
-            limits: vec![],
-            effective_at: None,
-            expires_at: None,
-            clear: vec![],
-        };
+        let mut empty = set_with(false, None);
+        if let QuotaAction::Set { key, tier, .. } = &mut empty {
+            *key = Some("k".into());
+            *tier = None;
+        }
         assert!(call_of(&empty).is_err());
     }
 
